@@ -1,0 +1,103 @@
+// params.h — plain structs of pointers, strides and sizes handed from the torch glue (launchers)
+// to the kernels. Framework-free: no torch header, usable from C++ and CUDA device code.
+//
+// Every stride is in ELEMENTS of the tensor it belongs to and is 64-bit.
+// NOTE: block offsets are int64 (block_id * block_stride overflows int32 on large pools).
+#pragma once
+
+#include <cstdint>
+
+namespace paged_attn {
+
+constexpr int kPartitionSize = 512;  // v2 partition length in tokens (CONTRACT.md)
+
+// How the KV cache stores its elements (kv_cache_dtype).
+enum class CacheKind : int {
+  kAuto = 0,     // cache dtype == query dtype (fp32 / fp16 / bf16)
+  kFp8E4M3 = 1,  // uint8 bytes, float8_e4m3fn ("fp8", "fp8_e4m3"); value = decode(byte) * scale
+  kFp8E5M2 = 2,  // uint8 bytes, float8_e5m2 ("fp8_e5m2"); value = decode(byte) * scale
+};
+
+// Element type of query / out / tmp_out (and of the cache when CacheKind::kAuto).
+enum class ScalarKind : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+
+struct PagedAttentionParams {
+  // ---- outputs ----
+  void* out;            // [num_seqs, num_heads, head_size], contiguous, query dtype
+  float* exp_sums;      // [num_seqs, num_heads, max_num_partitions], contiguous (v2 only)
+  float* max_logits;    // [num_seqs, num_heads, max_num_partitions], contiguous (v2 only)
+  void* tmp_out;        // [num_seqs, num_heads, max_num_partitions, head_size], contiguous,
+                        // query dtype (v2 only)
+  // ---- inputs ----
+  const void* query;        // [num_seqs, num_heads, head_size], last dim contiguous
+  const void* key_cache;    // [num_blocks, num_kv_heads, head_size / x, block_size, x]
+  const void* value_cache;  // [num_blocks, num_kv_heads, head_size, block_size]
+  const int32_t* block_tables;  // [num_seqs, max_blocks_per_seq], contiguous
+  const int32_t* seq_lens;      // [num_seqs]
+  const float* alibi_slopes;    // [num_heads] or nullptr
+
+  // K/V dequantisation scales (used only for fp8 caches): a device/host pointer to one float
+  // when the tensor overload was called (read on the device: no host sync), else nullptr and
+  // the float value below is used.
+  const float* k_scale_ptr;
+  const float* v_scale_ptr;
+  float k_scale;
+  float v_scale;
+
+  float scale;  // softmax scale applied to q.k
+
+  // ---- strides (elements) ----
+  int64_t q_seq_stride;     // query.stride(0): any (query may be a slice of a fused qkv tensor)
+  int64_t q_head_stride;    // query.stride(1)
+  int64_t kv_block_stride;  // key_cache.stride(0) == value_cache.stride(0) (checked)
+  int64_t kv_head_stride;   // key_cache.stride(1) == value_cache.stride(1) (checked)
+  // inner dims of the caches are contiguous (checked): K [head_size/x, block_size, x],
+  // V [head_size, block_size].
+
+  // ---- sizes ----
+  int num_seqs;
+  int num_heads;
+  int num_kv_heads;
+  int head_size;
+  int block_size;
+  int x;                   // 16 / cache element size
+  int max_blocks_per_seq;  // block_tables.size(1)
+  int64_t num_blocks;      // key_cache.size(0): used block ids must lie in [0, num_blocks)
+  int max_num_partitions;  // tmp_out.size(2) (v2); 1 for v1
+  int max_seq_len;         // hint only: never used to drop tokens
+
+  ScalarKind scalar_kind;
+  CacheKind cache_kind;
+};
+
+struct ReshapeAndCacheParams {
+  const void* key;      // [num_tokens, num_kv_heads, head_size], last dim contiguous, query dtype
+  const void* value;    // [num_tokens, num_kv_heads, head_size], last dim contiguous
+  void* key_cache;      // [num_blocks, num_kv_heads, head_size / x, block_size, x]
+  void* value_cache;    // [num_blocks, num_kv_heads, head_size, block_size]
+  const int64_t* slot_mapping;  // [num_tokens]; slot = block * block_size + offset; < 0: skip
+
+  const float* k_scale_ptr;  // as in PagedAttentionParams (fp8 stores fp8(x / scale), saturated)
+  const float* v_scale_ptr;
+  float k_scale;
+  float v_scale;
+
+  int64_t key_token_stride;    // key.stride(0)
+  int64_t key_head_stride;     // key.stride(1)
+  int64_t value_token_stride;  // value.stride(0)
+  int64_t value_head_stride;   // value.stride(1)
+  int64_t kv_block_stride;     // cache.stride(0)
+  int64_t kv_head_stride;      // cache.stride(1)
+
+  int64_t num_tokens;
+  int num_kv_heads;
+  int head_size;
+  int block_size;
+  int x;
+  int64_t num_blocks;
+
+  ScalarKind scalar_kind;
+  CacheKind cache_kind;
+};
+
+}  // namespace paged_attn

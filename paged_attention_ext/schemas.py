@@ -1,0 +1,44 @@
+"""The op schemas: the single list the Python side registers from.
+
+csrc/ops.cpp defines the same strings with TORCH_LIBRARY when the extension is built;
+tests/test_registry.py checks the two agree. Each op has a `.scale_tensor` overload (k_scale /
+v_scale as 1-element float32 tensors, read on the device: no host sync) and a default overload
+(Python floats). ORDER MATTERS: torch.ops overload resolution takes the first schema that
+matches, and a 0-dim tensor given to a `float` argument silently converts through __float__
+(a host sync), so the tensor overload is listed, and registered, first.
+"""
+
+LIBRARY = "paged_attn"
+
+# Arguments shared by v1 and v2 after their outputs.
+_ATTN_ARGS = (
+    "Tensor query, Tensor key_cache, Tensor value_cache, int num_kv_heads, float scale, "
+    "Tensor block_tables, Tensor seq_lens, int block_size, int max_seq_len, Tensor? alibi_slopes"
+)
+_BLOCKSPARSE_ARGS = (
+    "int tp_rank=0, int blocksparse_local_blocks=0, int blocksparse_vert_stride=0, "
+    "int blocksparse_block_size=64, int blocksparse_head_sliding_step=0"
+)
+_SCALES_TENSOR = "str kv_cache_dtype, Tensor k_scale, Tensor v_scale"
+_SCALES_FLOAT = 'str kv_cache_dtype="auto", float k_scale=1.0, float v_scale=1.0'
+
+_V1_OUT = "Tensor(a!) out"
+_V2_OUT = "Tensor(a!) out, Tensor(b!) exp_sums, Tensor(c!) max_logits, Tensor(d!) tmp_out"
+_CACHE_ARGS = (
+    "Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor slot_mapping"
+)
+
+# (name with overload, schema after the name), in registration order.
+SCHEMAS = (
+    ("v1.scale_tensor", f"({_V1_OUT}, {_ATTN_ARGS}, {_SCALES_TENSOR}, {_BLOCKSPARSE_ARGS}) -> ()"),
+    ("v1", f"({_V1_OUT}, {_ATTN_ARGS}, {_SCALES_FLOAT}, {_BLOCKSPARSE_ARGS}) -> ()"),
+    ("v2.scale_tensor", f"({_V2_OUT}, {_ATTN_ARGS}, {_SCALES_TENSOR}, {_BLOCKSPARSE_ARGS}) -> ()"),
+    ("v2", f"({_V2_OUT}, {_ATTN_ARGS}, {_SCALES_FLOAT}, {_BLOCKSPARSE_ARGS}) -> ()"),
+    ("reshape_and_cache.scale_tensor", f"({_CACHE_ARGS}, {_SCALES_TENSOR}) -> ()"),
+    ("reshape_and_cache", f"({_CACHE_ARGS}, {_SCALES_FLOAT}) -> ()"),
+)
+
+
+def full_schemas():
+    """'name.overload(args) -> ()' strings as TORCH_LIBRARY m.def takes them."""
+    return [name + sig for name, sig in SCHEMAS]
