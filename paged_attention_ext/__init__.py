@@ -1,0 +1,32 @@
+"""paged_attention_ext: vLLM-compatible PagedAttention decode ops for PyTorch.
+
+Importing this package makes `torch.ops.paged_attn.v1`, `.v2` and `.reshape_and_cache` available:
+from the compiled extension `_C` (CPU kernel, and CUDA kernels in a CUDA build) when it was built,
+otherwise from the pure-PyTorch implementation (same schemas, any device torch supports).
+"""
+
+from . import reference
+from ._registration import register as _register
+
+__version__ = "0.1.0"
+
+try:
+    from . import _C  # noqa: F401  (loading the library runs its TORCH_LIBRARY registrations)
+
+    EXTENSION_IMPORT_ERROR = None
+except ImportError as error:  # not built, or built against another torch
+    EXTENSION_IMPORT_ERROR = error
+
+
+def extension_loaded() -> bool:
+    """True when the compiled extension `_C` provides the op schemas and kernels."""
+    return EXTENSION_IMPORT_ERROR is None
+
+
+# The PyTorch implementation that serves devices with no compiled kernel.
+_register(extension_loaded(), reference)
+
+from .api import PARTITION_SIZE, allocate_kv_cache, paged_attention, reshape_and_cache  # noqa: E402
+
+__all__ = ["PARTITION_SIZE", "allocate_kv_cache", "paged_attention", "reshape_and_cache",
+           "extension_loaded", "reference"]

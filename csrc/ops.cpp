@@ -1,0 +1,60 @@
+// ops.cpp — THE registry of op schemas: every m.def of the paged_attn library is here.
+//
+// Kernels register themselves elsewhere: csrc/cpu/*.cpp (TORCH_LIBRARY_IMPL(paged_attn, CPU, m))
+// and csrc/cuda/*.cu (TORCH_LIBRARY_IMPL(paged_attn, CUDA, m)); the Python package adds the fake
+// (meta) kernels and a CompositeExplicitAutograd fallback for any other device.
+//
+// The strings must equal paged_attention_ext/schemas.py (tests/test_registry.py compares them).
+// NOTE: each `.scale_tensor` overload is defined BEFORE its float twin: torch.ops picks the first
+// overload that matches, and a tensor passed to a `float` argument would otherwise be converted
+// through __float__ (a host sync) instead of reaching the tensor overload.
+#include <Python.h>
+#include <torch/library.h>
+
+// An importable module with no Python API: `import paged_attention_ext._C` loads this shared
+// library, which runs the static TORCH_LIBRARY registrations below.
+extern "C" PyObject* PyInit__C(void) {
+  static PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module_def);
+}
+
+TORCH_LIBRARY(paged_attn, m) {
+  m.def(
+      "v1.scale_tensor(Tensor(a!) out, Tensor query, Tensor key_cache, Tensor value_cache, "
+      "int num_kv_heads, float scale, Tensor block_tables, Tensor seq_lens, "
+      "int block_size, int max_seq_len, Tensor? alibi_slopes, str kv_cache_dtype, "
+      "Tensor k_scale, Tensor v_scale, int tp_rank=0, int blocksparse_local_blocks=0, "
+      "int blocksparse_vert_stride=0, int blocksparse_block_size=64, "
+      "int blocksparse_head_sliding_step=0) -> ()");
+  m.def(
+      "v1(Tensor(a!) out, Tensor query, Tensor key_cache, Tensor value_cache, "
+      "int num_kv_heads, float scale, Tensor block_tables, Tensor seq_lens, "
+      "int block_size, int max_seq_len, Tensor? alibi_slopes, str kv_cache_dtype=\"auto\", "
+      "float k_scale=1.0, float v_scale=1.0, int tp_rank=0, "
+      "int blocksparse_local_blocks=0, int blocksparse_vert_stride=0, "
+      "int blocksparse_block_size=64, int blocksparse_head_sliding_step=0) -> ()");
+  m.def(
+      "v2.scale_tensor(Tensor(a!) out, Tensor(b!) exp_sums, Tensor(c!) max_logits, "
+      "Tensor(d!) tmp_out, Tensor query, Tensor key_cache, Tensor value_cache, "
+      "int num_kv_heads, float scale, Tensor block_tables, Tensor seq_lens, "
+      "int block_size, int max_seq_len, Tensor? alibi_slopes, str kv_cache_dtype, "
+      "Tensor k_scale, Tensor v_scale, int tp_rank=0, int blocksparse_local_blocks=0, "
+      "int blocksparse_vert_stride=0, int blocksparse_block_size=64, "
+      "int blocksparse_head_sliding_step=0) -> ()");
+  m.def(
+      "v2(Tensor(a!) out, Tensor(b!) exp_sums, Tensor(c!) max_logits, Tensor(d!) tmp_out, "
+      "Tensor query, Tensor key_cache, Tensor value_cache, int num_kv_heads, float scale, "
+      "Tensor block_tables, Tensor seq_lens, int block_size, int max_seq_len, "
+      "Tensor? alibi_slopes, str kv_cache_dtype=\"auto\", float k_scale=1.0, "
+      "float v_scale=1.0, int tp_rank=0, int blocksparse_local_blocks=0, "
+      "int blocksparse_vert_stride=0, int blocksparse_block_size=64, "
+      "int blocksparse_head_sliding_step=0) -> ()");
+  m.def(
+      "reshape_and_cache.scale_tensor(Tensor key, Tensor value, Tensor(a!) key_cache, "
+      "Tensor(b!) value_cache, Tensor slot_mapping, str kv_cache_dtype, Tensor k_scale, "
+      "Tensor v_scale) -> ()");
+  m.def(
+      "reshape_and_cache(Tensor key, Tensor value, Tensor(a!) key_cache, "
+      "Tensor(b!) value_cache, Tensor slot_mapping, str kv_cache_dtype=\"auto\", "
+      "float k_scale=1.0, float v_scale=1.0) -> ()");
+}

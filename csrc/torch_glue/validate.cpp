@@ -1,0 +1,367 @@
+// validate.cpp — argument checks of CONTRACT.md and tensors -> params (see validate.h).
+#include "validate.h"
+
+#include <c10/util/Exception.h>
+
+#include <sstream>
+
+namespace paged_attn {
+namespace {
+
+// TORCH_CHECK_VALUE with the "paged_attn.<op>: " prefix every message carries.
+#define PA_CHECK(cond, ...) TORCH_CHECK_VALUE(cond, "paged_attn.", op, ": ", __VA_ARGS__)
+
+std::string shape_str(const at::Tensor& t) {
+  std::ostringstream s;
+  s << t.sizes();
+  return s.str();
+}
+
+void check_same_device(const char* op, const at::Tensor& ref, const char* ref_name,
+                       const at::Tensor& t, const char* name) {
+  PA_CHECK(t.device() == ref.device(), name, " is on device ", t.device(), " but ", ref_name,
+           " is on device ", ref.device(), " (all tensors must be on one device)");
+}
+
+bool is_attention_dtype(at::ScalarType t) {
+  return t == at::kFloat || t == at::kHalf || t == at::kBFloat16;
+}
+
+ScalarKind scalar_kind_of(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return ScalarKind::kFloat32;
+    case at::kHalf: return ScalarKind::kFloat16;
+    default: return ScalarKind::kBFloat16;
+  }
+}
+
+const char* kv_cache_dtype_name(CacheKind kind) {
+  switch (kind) {
+    case CacheKind::kFp8E4M3: return "fp8_e4m3";
+    case CacheKind::kFp8E5M2: return "fp8_e5m2";
+    default: return "auto";
+  }
+}
+
+// Sizes of the caches as the checks found them.
+struct CacheShape {
+  int64_t num_blocks, num_kv_heads, head_size, block_size, x;
+};
+
+// K [num_blocks, num_kv_heads, head_size / x, block_size, x], V [num_blocks, num_kv_heads,
+// head_size, block_size]; `elem_dtype` is the query/key dtype (the cache dtype when "auto").
+CacheShape check_caches(const char* op, const at::Tensor& key_cache,
+                        const at::Tensor& value_cache, CacheKind kind,
+                        at::ScalarType elem_dtype, const char* elem_name) {
+  PA_CHECK(key_cache.dim() == 5, "key_cache must be 5-D [num_blocks, num_kv_heads, ",
+           "head_size / x, block_size, x], got shape ", shape_str(key_cache));
+  PA_CHECK(value_cache.dim() == 4, "value_cache must be 4-D [num_blocks, num_kv_heads, ",
+           "head_size, block_size], got shape ", shape_str(value_cache));
+  if (kind == CacheKind::kAuto) {
+    PA_CHECK(key_cache.scalar_type() == elem_dtype, "key_cache dtype ", key_cache.scalar_type(),
+             " must match ", elem_name, " dtype ", elem_dtype, " for kv_cache_dtype=auto");
+    PA_CHECK(value_cache.scalar_type() == elem_dtype, "value_cache dtype ",
+             value_cache.scalar_type(), " must match ", elem_name, " dtype ", elem_dtype,
+             " for kv_cache_dtype=auto");
+  } else {
+    PA_CHECK(key_cache.scalar_type() == at::kByte, "key_cache dtype ", key_cache.scalar_type(),
+             " must be uint8 for kv_cache_dtype=", kv_cache_dtype_name(kind));
+    PA_CHECK(value_cache.scalar_type() == at::kByte, "value_cache dtype ",
+             value_cache.scalar_type(), " must be uint8 for kv_cache_dtype=",
+             kv_cache_dtype_name(kind));
+  }
+  const int64_t x = 16 / static_cast<int64_t>(key_cache.element_size());
+  PA_CHECK(key_cache.size(4) == x, "key_cache.size(4) must be x = 16 / element size = ", x,
+           ", got ", key_cache.size(4));
+  const bool same_blocks = value_cache.size(0) == key_cache.size(0) &&
+                           value_cache.size(1) == key_cache.size(1) &&
+                           value_cache.size(3) == key_cache.size(3);
+  PA_CHECK(same_blocks, "value_cache shape ", shape_str(value_cache),
+           " does not match key_cache shape ", shape_str(key_cache),
+           " (num_blocks, num_kv_heads and block_size must agree)");
+  PA_CHECK(value_cache.stride(0) == key_cache.stride(0) &&
+               value_cache.stride(1) == key_cache.stride(1),
+           "value_cache block/head strides (", value_cache.stride(0), ", ", value_cache.stride(1),
+           ") do not match key_cache strides (", key_cache.stride(0), ", ", key_cache.stride(1),
+           ")");
+  const int64_t block_size = key_cache.size(3);
+  PA_CHECK(key_cache.stride(4) == 1 && key_cache.stride(3) == x &&
+               key_cache.stride(2) == block_size * x,
+           "key_cache must be contiguous in its inner dims [head_size / x, block_size, x] ",
+           "(got stride ", key_cache.strides(), ")");
+  PA_CHECK(value_cache.stride(3) == 1 && value_cache.stride(2) == block_size,
+           "value_cache must be contiguous in its inner dims [head_size, block_size] (got stride ",
+           value_cache.strides(), ")");
+  check_same_device(op, key_cache, "key_cache", value_cache, "value_cache");
+  return CacheShape{key_cache.size(0), key_cache.size(1), value_cache.size(2), block_size, x};
+}
+
+// A k_scale / v_scale tensor: one float32 element on the query's device.
+const float* scale_pointer(const char* op, const ScaleArg& s, const char* name,
+                           const at::Tensor& query) {
+  if (s.tensor == nullptr) return nullptr;
+  const at::Tensor& t = *s.tensor;
+  PA_CHECK(t.numel() == 1 && t.scalar_type() == at::kFloat, name,
+           " must be a float or a 1-element float32 tensor, got dtype ", t.scalar_type(),
+           " with ", t.numel(), " elements");
+  check_same_device(op, query, "query", t, name);
+  return t.data_ptr<float>();
+}
+
+void check_scratch(const char* op, const at::Tensor& t, const char* name, int64_t num_seqs,
+                   int64_t num_heads, int64_t num_partitions, int64_t head_size,
+                   at::ScalarType dtype, const at::Tensor& query) {
+  const bool is_tmp_out = head_size > 0;
+  std::vector<int64_t> want{num_seqs, num_heads, num_partitions};
+  if (is_tmp_out) want.push_back(head_size);
+  PA_CHECK(t.sizes().vec() == want, name, " shape ", shape_str(t), " must be ",
+           is_tmp_out ? "[num_seqs, num_heads, max_num_partitions, head_size] = "
+                      : "[num_seqs, num_heads, max_num_partitions] = ",
+           c10::IntArrayRef(want));
+  if (is_tmp_out) {
+    PA_CHECK(t.scalar_type() == dtype, name, " dtype ", t.scalar_type(),
+             " must match query dtype ", dtype);
+  } else {
+    PA_CHECK(t.scalar_type() == at::kFloat, name, " must be float32, got ", t.scalar_type());
+  }
+  PA_CHECK(t.is_contiguous(), name, " must be contiguous");
+  check_same_device(op, query, "query", t, name);
+}
+
+}  // namespace
+
+CacheKind parse_kv_cache_dtype(const char* op, const std::string& kv_cache_dtype) {
+  if (kv_cache_dtype == "auto") return CacheKind::kAuto;
+  if (kv_cache_dtype == "fp8" || kv_cache_dtype == "fp8_e4m3") return CacheKind::kFp8E4M3;
+  if (kv_cache_dtype == "fp8_e5m2") return CacheKind::kFp8E5M2;
+  PA_CHECK(false, "unknown kv_cache_dtype '", kv_cache_dtype,
+           "' (expected 'auto', 'fp8', 'fp8_e4m3' or 'fp8_e5m2')");
+  return CacheKind::kAuto;  // unreachable
+}
+
+PagedAttentionParams make_attention_params(
+    const char* op, const at::Tensor& out, const at::Tensor* exp_sums,
+    const at::Tensor* max_logits, const at::Tensor* tmp_out, const at::Tensor& query,
+    const at::Tensor& key_cache, const at::Tensor& value_cache, int64_t num_kv_heads,
+    double scale, const at::Tensor& block_tables, const at::Tensor& seq_lens,
+    int64_t block_size, int64_t max_seq_len, const std::optional<at::Tensor>& alibi_slopes,
+    const std::string& kv_cache_dtype, ScaleArg k_scale, ScaleArg v_scale,
+    BlocksparseArgs blocksparse) {
+  PA_CHECK(blocksparse.vert_stride <= 1, "blocksparse attention (blocksparse_vert_stride=",
+           blocksparse.vert_stride, ") is not implemented");
+  const CacheKind cache_kind = parse_kv_cache_dtype(op, kv_cache_dtype);
+
+  // ---- query: [num_seqs, num_heads, head_size], last dim contiguous ----
+  PA_CHECK(query.dim() == 3, "query must be 3-D [num_seqs, num_heads, head_size], got shape ",
+           shape_str(query));
+  PA_CHECK(is_attention_dtype(query.scalar_type()), "query dtype ", query.scalar_type(),
+           " must be float32, float16 or bfloat16");
+  PA_CHECK(query.stride(2) == 1, "query must have a contiguous last dim (got stride ",
+           query.strides(), ")");
+  const int64_t num_seqs = query.size(0), num_heads = query.size(1), head_size = query.size(2);
+
+  for (auto [t, name] : {std::pair<const at::Tensor*, const char*>{&out, "out"},
+                         {&key_cache, "key_cache"}, {&value_cache, "value_cache"},
+                         {&block_tables, "block_tables"}, {&seq_lens, "seq_lens"}}) {
+    check_same_device(op, query, "query", *t, name);
+  }
+
+  // ---- heads ----
+  PA_CHECK(num_kv_heads > 0 && num_heads % num_kv_heads == 0, "num_heads (", num_heads,
+           ") must be divisible by num_kv_heads (", num_kv_heads, ")");
+
+  // ---- caches ----
+  const CacheShape cache =
+      check_caches(op, key_cache, value_cache, cache_kind, query.scalar_type(), "query");
+  PA_CHECK(cache.num_kv_heads == num_kv_heads, "num_kv_heads (", num_kv_heads,
+           ") does not match key_cache.size(1) (", cache.num_kv_heads, ")");
+  PA_CHECK(head_size % cache.x == 0, "head_size (", head_size, ") must be divisible by x (",
+           cache.x, ")");
+  PA_CHECK(key_cache.size(2) * cache.x == head_size, "head_size (", head_size,
+           ") does not match key_cache (size(2) * x = ", key_cache.size(2) * cache.x, ")");
+  PA_CHECK(cache.head_size == head_size, "head_size (", head_size,
+           ") does not match value_cache.size(2) (", cache.head_size, ")");
+  PA_CHECK(block_size == cache.block_size, "block_size (", block_size,
+           ") does not match key_cache.size(3) (", cache.block_size, ")");
+
+  // ---- block table and lengths ----
+  PA_CHECK(block_tables.scalar_type() == at::kInt, "block_tables must be int32, got ",
+           block_tables.scalar_type());
+  PA_CHECK(seq_lens.scalar_type() == at::kInt, "seq_lens must be int32, got ",
+           seq_lens.scalar_type());
+  PA_CHECK(block_tables.dim() == 2 && block_tables.size(0) == num_seqs, "block_tables shape ",
+           shape_str(block_tables), " must be [num_seqs = ", num_seqs, ", max_blocks_per_seq]");
+  PA_CHECK(seq_lens.dim() == 1 && seq_lens.size(0) == num_seqs, "seq_lens shape ",
+           shape_str(seq_lens), " must be [num_seqs = ", num_seqs, "]");
+  PA_CHECK(block_tables.is_contiguous(), "block_tables must be contiguous");
+  PA_CHECK(seq_lens.is_contiguous(), "seq_lens must be contiguous");
+
+  // ---- outputs ----
+  PA_CHECK(out.sizes() == query.sizes(), "out shape ", shape_str(out),
+           " must be [num_seqs, num_heads, head_size] = ", query.sizes());
+  PA_CHECK(out.scalar_type() == query.scalar_type(), "out dtype ", out.scalar_type(),
+           " must match query dtype ", query.scalar_type());
+  PA_CHECK(out.is_contiguous(), "out must be contiguous");
+  int64_t max_num_partitions = 1;
+  const bool is_v2 = tmp_out != nullptr;
+  if (is_v2) {
+    PA_CHECK(tmp_out->dim() == 4, "tmp_out shape ", shape_str(*tmp_out),
+             " must be [num_seqs, num_heads, max_num_partitions, head_size]");
+    max_num_partitions = tmp_out->size(2);
+    PA_CHECK(max_num_partitions >= 1, "tmp_out shape ", shape_str(*tmp_out),
+             " must have max_num_partitions >= 1");
+    check_scratch(op, *exp_sums, "exp_sums", num_seqs, num_heads, max_num_partitions, 0,
+                  query.scalar_type(), query);
+    check_scratch(op, *max_logits, "max_logits", num_seqs, num_heads, max_num_partitions, 0,
+                  query.scalar_type(), query);
+    check_scratch(op, *tmp_out, "tmp_out", num_seqs, num_heads, max_num_partitions, head_size,
+                  query.scalar_type(), query);
+  }
+
+  // ---- optional inputs ----
+  const float* alibi = nullptr;
+  if (alibi_slopes.has_value()) {
+    const at::Tensor& a = *alibi_slopes;
+    PA_CHECK(a.dim() == 1 && a.size(0) == num_heads && a.scalar_type() == at::kFloat &&
+                 a.is_contiguous(),
+             "alibi_slopes must be a contiguous float32 tensor of shape [num_heads = ", num_heads,
+             "], got dtype ", a.scalar_type(), " shape ", shape_str(a));
+    check_same_device(op, query, "query", a, "alibi_slopes");
+    alibi = a.data_ptr<float>();
+  }
+
+  PagedAttentionParams p{};
+  p.out = out.data_ptr();
+  p.exp_sums = is_v2 ? exp_sums->data_ptr<float>() : nullptr;
+  p.max_logits = is_v2 ? max_logits->data_ptr<float>() : nullptr;
+  p.tmp_out = is_v2 ? tmp_out->data_ptr() : nullptr;
+  p.query = query.data_ptr();
+  p.key_cache = key_cache.data_ptr();
+  p.value_cache = value_cache.data_ptr();
+  p.block_tables = block_tables.data_ptr<int32_t>();
+  p.seq_lens = seq_lens.data_ptr<int32_t>();
+  p.alibi_slopes = alibi;
+  p.k_scale_ptr = scale_pointer(op, k_scale, "k_scale", query);
+  p.v_scale_ptr = scale_pointer(op, v_scale, "v_scale", query);
+  p.k_scale = static_cast<float>(k_scale.value);
+  p.v_scale = static_cast<float>(v_scale.value);
+  p.scale = static_cast<float>(scale);
+  p.q_seq_stride = query.stride(0);
+  p.q_head_stride = query.stride(1);
+  p.kv_block_stride = key_cache.stride(0);
+  p.kv_head_stride = key_cache.stride(1);
+  p.num_seqs = static_cast<int>(num_seqs);
+  p.num_heads = static_cast<int>(num_heads);
+  p.num_kv_heads = static_cast<int>(num_kv_heads);
+  p.head_size = static_cast<int>(head_size);
+  p.block_size = static_cast<int>(block_size);
+  p.x = static_cast<int>(cache.x);
+  p.max_blocks_per_seq = static_cast<int>(block_tables.size(1));
+  p.num_blocks = cache.num_blocks;
+  p.max_num_partitions = static_cast<int>(max_num_partitions);
+  p.max_seq_len = static_cast<int>(max_seq_len);
+  p.scalar_kind = scalar_kind_of(query.scalar_type());
+  p.cache_kind = cache_kind;
+  return p;
+}
+
+void check_attention_data(const char* op, const PagedAttentionParams& p, bool is_v2) {
+  const int64_t capacity = static_cast<int64_t>(p.max_blocks_per_seq) * p.block_size;
+  for (int s = 0; s < p.num_seqs; ++s) {
+    const int64_t seq_len = p.seq_lens[s];
+    PA_CHECK(seq_len >= 0, "seq_lens[", s, "] = ", seq_len, " is negative");
+    PA_CHECK(seq_len <= capacity, "seq_lens[", s, "] = ", seq_len,
+             " exceeds the block table's capacity max_blocks_per_seq * block_size = ", capacity);
+    if (is_v2) {
+      const int64_t needed = (seq_len + kPartitionSize - 1) / kPartitionSize;
+      PA_CHECK(needed <= p.max_num_partitions, "max_num_partitions (tmp_out.size(2) = ",
+               p.max_num_partitions, ") is too small for seq_lens[", s, "] = ", seq_len,
+               ", which needs ", needed, " partitions of ", kPartitionSize, " tokens");
+    }
+    const int64_t used_blocks = (seq_len + p.block_size - 1) / p.block_size;
+    const int32_t* row = p.block_tables + static_cast<int64_t>(s) * p.max_blocks_per_seq;
+    for (int64_t b = 0; b < used_blocks; ++b) {
+      PA_CHECK(row[b] >= 0 && row[b] < p.num_blocks, "block_tables[", s, ", ", b, "] = ", row[b],
+               " is out of range [0, num_blocks = ", p.num_blocks, ")");
+    }
+  }
+}
+
+ReshapeAndCacheParams make_cache_params(const char* op, const at::Tensor& key,
+                                        const at::Tensor& value, const at::Tensor& key_cache,
+                                        const at::Tensor& value_cache,
+                                        const at::Tensor& slot_mapping,
+                                        const std::string& kv_cache_dtype, ScaleArg k_scale,
+                                        ScaleArg v_scale) {
+  const CacheKind cache_kind = parse_kv_cache_dtype(op, kv_cache_dtype);
+  PA_CHECK(key.dim() == 3, "key shape ", shape_str(key),
+           " must be [num_tokens, num_kv_heads, head_size]");
+  PA_CHECK(is_attention_dtype(key.scalar_type()), "key dtype ", key.scalar_type(),
+           " must be float32, float16 or bfloat16");
+  PA_CHECK(value.sizes() == key.sizes(), "value shape ", shape_str(value),
+           " must equal key shape ", shape_str(key));
+  PA_CHECK(value.scalar_type() == key.scalar_type(), "value dtype ", value.scalar_type(),
+           " must match key dtype ", key.scalar_type());
+  PA_CHECK(key.stride(2) == 1 && value.stride(2) == 1,
+           "key and value must have a contiguous last dim (got strides ", key.strides(), " and ",
+           value.strides(), ")");
+  for (auto [t, name] : {std::pair<const at::Tensor*, const char*>{&value, "value"},
+                         {&key_cache, "key_cache"}, {&value_cache, "value_cache"},
+                         {&slot_mapping, "slot_mapping"}}) {
+    check_same_device(op, key, "key", *t, name);
+  }
+  const CacheShape cache =
+      check_caches(op, key_cache, value_cache, cache_kind, key.scalar_type(), "key");
+  const int64_t num_tokens = key.size(0), head_size = key.size(2);
+  PA_CHECK(key.size(1) == cache.num_kv_heads, "key shape ", shape_str(key),
+           " does not match key_cache (num_kv_heads = ", cache.num_kv_heads, ")");
+  PA_CHECK(head_size % cache.x == 0, "head_size (", head_size, ") must be divisible by x (",
+           cache.x, ")");
+  PA_CHECK(key_cache.size(2) * cache.x == head_size, "head_size (", head_size,
+           ") does not match key_cache (size(2) * x = ", key_cache.size(2) * cache.x, ")");
+  PA_CHECK(cache.head_size == head_size, "head_size (", head_size,
+           ") does not match value_cache.size(2) (", cache.head_size, ")");
+  PA_CHECK(slot_mapping.scalar_type() == at::kLong, "slot_mapping must be int64, got ",
+           slot_mapping.scalar_type());
+  PA_CHECK(slot_mapping.dim() == 1 && slot_mapping.size(0) == num_tokens &&
+               slot_mapping.is_contiguous(),
+           "slot_mapping shape ", shape_str(slot_mapping), " must be [num_tokens = ", num_tokens,
+           "] and contiguous");
+
+  ReshapeAndCacheParams p{};
+  p.key = key.data_ptr();
+  p.value = value.data_ptr();
+  p.key_cache = key_cache.data_ptr();
+  p.value_cache = value_cache.data_ptr();
+  p.slot_mapping = slot_mapping.data_ptr<int64_t>();
+  p.k_scale_ptr = scale_pointer(op, k_scale, "k_scale", key);
+  p.v_scale_ptr = scale_pointer(op, v_scale, "v_scale", key);
+  p.k_scale = static_cast<float>(k_scale.value);
+  p.v_scale = static_cast<float>(v_scale.value);
+  p.key_token_stride = key.stride(0);
+  p.key_head_stride = key.stride(1);
+  p.value_token_stride = value.stride(0);
+  p.value_head_stride = value.stride(1);
+  p.kv_block_stride = key_cache.stride(0);
+  p.kv_head_stride = key_cache.stride(1);
+  p.num_tokens = num_tokens;
+  p.num_kv_heads = static_cast<int>(cache.num_kv_heads);
+  p.head_size = static_cast<int>(head_size);
+  p.block_size = static_cast<int>(cache.block_size);
+  p.x = static_cast<int>(cache.x);
+  p.num_blocks = cache.num_blocks;
+  p.scalar_kind = scalar_kind_of(key.scalar_type());
+  p.cache_kind = cache_kind;
+  return p;
+}
+
+void check_cache_data(const char* op, const ReshapeAndCacheParams& p) {
+  const int64_t num_slots = p.num_blocks * p.block_size;
+  for (int64_t i = 0; i < p.num_tokens; ++i) {
+    const int64_t slot = p.slot_mapping[i];
+    PA_CHECK(slot < num_slots, "slot_mapping[", i, "] = ", slot,
+             " is out of range [0, num_blocks * block_size = ", num_slots, ")");
+  }
+}
+
+}  // namespace paged_attn

@@ -1,0 +1,116 @@
+"""Python API over torch.ops.paged_attn: allocate outputs and scratch, pick v1 or v2 as vLLM
+does, allocate a KV cache in the paged layout.
+
+Shapes (CONTRACT.md):
+  query        [num_seqs, num_heads, head_size]
+  key_cache    [num_blocks, num_kv_heads, head_size // x, block_size, x],  x = 16 // element size
+  value_cache  [num_blocks, num_kv_heads, head_size, block_size]
+  block_tables int32 [num_seqs, max_blocks_per_seq];  seq_lens int32 [num_seqs]
+"""
+
+import math
+from typing import Optional, Tuple, Union
+
+import torch
+
+from . import validation
+
+PARTITION_SIZE = 512  # tokens per v2 partition (csrc/core/params.h kPartitionSize)
+
+Scale = Union[float, torch.Tensor]
+
+_CACHE_STORAGE_DTYPE = {"fp8": torch.uint8, "fp8_e4m3": torch.uint8, "fp8_e5m2": torch.uint8}
+
+
+def num_partitions(max_seq_len: int) -> int:
+    """v2 scratch size: partitions of PARTITION_SIZE tokens covering max_seq_len (at least 1)."""
+    return max(1, math.ceil(max_seq_len / PARTITION_SIZE))
+
+
+def use_v1(max_seq_len: int, num_seqs: int, num_heads: int) -> bool:
+    """vLLM's choice between the single-pass v1 and the partitioned v2."""
+    max_num_partitions = num_partitions(max_seq_len)
+    return max_seq_len <= 8192 and (max_num_partitions == 1 or num_seqs * num_heads > 512)
+
+
+def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                    block_tables: torch.Tensor, seq_lens: torch.Tensor, *,
+                    max_seq_len: Optional[int] = None, scale: Optional[float] = None,
+                    alibi_slopes: Optional[torch.Tensor] = None, kv_cache_dtype: str = "auto",
+                    k_scale: Scale = 1.0, v_scale: Scale = 1.0, version: str = "auto",
+                    out: Optional[torch.Tensor] = None, validate: bool = False) -> torch.Tensor:
+    """Decode attention of each sequence's query over its paged K/V; returns out [num_seqs,
+    num_heads, head_size].
+
+    max_seq_len: the longest seq_len (sizes v2's scratch). None reads seq_lens.max(): a host sync
+      on CUDA, so pass it on hot paths and under CUDA-graph capture.
+    scale: softmax scale, default 1/sqrt(head_size).
+    version: "v1", "v2" or "auto" (vLLM's rule).
+    validate: run the data-dependent checks (block ids, lengths) before the op. They always run on
+      the CPU; CUDA kernels skip them to stay sync-free and write NaN rows for invalid input, so
+      turn this on while debugging a scheduler on CUDA.
+    """
+    num_seqs, num_heads, head_size = query.shape
+    num_kv_heads, block_size = key_cache.size(1), key_cache.size(3)
+    if max_seq_len is None:
+        max_seq_len = int(seq_lens.max()) if seq_lens.numel() else 0
+    if scale is None:
+        scale = 1.0 / math.sqrt(head_size)
+    if version == "auto":
+        version = "v1" if use_v1(max_seq_len, num_seqs, num_heads) else "v2"
+    if version not in ("v1", "v2"):
+        raise ValueError(f"paged_attention: version must be 'v1', 'v2' or 'auto', got {version!r}")
+    if out is None:
+        out = torch.empty_like(query, memory_format=torch.contiguous_format)
+    common = (query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens,
+              block_size, max_seq_len, alibi_slopes, kv_cache_dtype, k_scale, v_scale)
+    if version == "v1":
+        if validate:
+            validation.check_attention_args("v1", out, None, None, None, *common, 0, 0, 0, 64, 0)
+            validation.check_attention_data("v1", key_cache, block_tables, seq_lens, block_size)
+        torch.ops.paged_attn.v1(out, *common)
+        return out
+    partitions = num_partitions(max_seq_len)
+    exp_sums = torch.empty(num_seqs, num_heads, partitions, dtype=torch.float32,
+                           device=query.device)
+    max_logits = torch.empty_like(exp_sums)
+    tmp_out = torch.empty(num_seqs, num_heads, partitions, head_size, dtype=query.dtype,
+                          device=query.device)
+    if validate:
+        validation.check_attention_args("v2", out, exp_sums, max_logits, tmp_out, *common,
+                                        0, 0, 0, 64, 0)
+        validation.check_attention_data("v2", key_cache, block_tables, seq_lens, block_size,
+                                        tmp_out)
+    torch.ops.paged_attn.v2(out, exp_sums, max_logits, tmp_out, *common)
+    return out
+
+
+def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                      value_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                      kv_cache_dtype: str = "auto", k_scale: Scale = 1.0,
+                      v_scale: Scale = 1.0) -> None:
+    """Write key/value [num_tokens, num_kv_heads, head_size] into the paged caches at
+    slot_mapping (int64, slot = block * block_size + offset; negative slots are skipped)."""
+    torch.ops.paged_attn.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
+                                           kv_cache_dtype, k_scale, v_scale)
+
+
+def allocate_kv_cache(num_blocks: int, num_kv_heads: int, head_size: int, block_size: int,
+                      dtype: torch.dtype = torch.float16, device: Union[str, torch.device] = "cpu",
+                      kv_cache_dtype: str = "auto") -> Tuple[torch.Tensor, torch.Tensor]:
+    """Zeroed (key_cache, value_cache) in the paged layout. `dtype` is the model dtype; fp8
+    caches ("fp8", "fp8_e4m3", "fp8_e5m2") are stored as uint8."""
+    if kv_cache_dtype == "auto":
+        storage = dtype
+    elif kv_cache_dtype in _CACHE_STORAGE_DTYPE:
+        storage = _CACHE_STORAGE_DTYPE[kv_cache_dtype]
+    else:
+        raise ValueError(f"allocate_kv_cache: unknown kv_cache_dtype {kv_cache_dtype!r}")
+    x = 16 // torch.empty((), dtype=storage).element_size()
+    if head_size % x:
+        raise ValueError(f"allocate_kv_cache: head_size ({head_size}) must be divisible by x ({x})")
+    key_cache = torch.zeros(num_blocks, num_kv_heads, head_size // x, block_size, x,
+                            dtype=storage, device=device)
+    value_cache = torch.zeros(num_blocks, num_kv_heads, head_size, block_size, dtype=storage,
+                              device=device)
+    return key_cache, value_cache

@@ -1,0 +1,112 @@
+"""Build of paged_attention_ext._C: the op registry, the CPU kernels and (with a CUDA torch and
+nvcc) the CUDA kernels. Metadata lives in pyproject.toml.
+
+Build against the torch you already have (torch is NOT a build requirement; see BUILD-NOTES):
+    pip install --no-build-isolation -e .
+    python setup.py develop            (runs the line above)
+    python setup.py build_ext --inplace
+
+Environment:
+    PAGED_ATTN_BUILD_CUDA  auto (default: CUDA torch + nvcc found) | 1 (require) | 0 (CPU only)
+    TORCH_CUDA_ARCH_LIST   default "8.0;9.0" (A100, H100/H200)
+    CUDA_HOME              default /usr/local/cuda when that folder exists
+    DEBUG=1                -O0 -g;  MAX_JOBS  parallel compile jobs (ninja)
+    PAGED_ATTN_PTXAS_VERBOSE=1   print nvcc's register / spill report per kernel
+"""
+
+import glob
+import os
+import subprocess
+import sys
+
+from setuptools import Command, setup
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+# Defaults that make a CUDA build work on a machine without a GPU (BUILD-NOTES.md): torch
+# otherwise guesses CUDA_HOME=/usr/local and fails to find libcudart, and fails to pick an arch.
+if "CUDA_HOME" not in os.environ and os.path.isdir("/usr/local/cuda"):
+    os.environ["CUDA_HOME"] = "/usr/local/cuda"
+os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
+
+import torch  # noqa: E402  (after the environment defaults above)
+from torch.utils import cpp_extension  # noqa: E402
+
+
+def want_cuda() -> bool:
+    mode = os.environ.get("PAGED_ATTN_BUILD_CUDA", "auto").lower()
+    if mode in ("0", "no", "false", "off"):
+        return False
+    available = torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
+    if mode in ("1", "yes", "true", "on"):
+        if not available:
+            sys.exit("PAGED_ATTN_BUILD_CUDA=1 but torch is not a CUDA build or nvcc/CUDA_HOME "
+                     "was not found")
+        return True
+    return available
+
+
+def sources(pattern: str) -> list:
+    return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern)))
+
+
+def extension():
+    debug = os.environ.get("DEBUG", "0") == "1"
+    opt = ["-O0", "-g"] if debug else ["-O3", "-g0"]
+    cxx_sources = sources("csrc/*.cpp") + sources("csrc/torch_glue/*.cpp") + sources(
+        "csrc/cpu/*.cpp")
+    # -fopenmp: at::parallel_for's OpenMP body is inline in ATen headers, so it must be compiled
+    # with OpenMP here or every "parallel" region runs on one thread.
+    cxx_flags = opt + ["-fopenmp"]
+    link_flags = ["-fopenmp"]
+    kwargs = dict(
+        name="paged_attention_ext._C",
+        extra_link_args=link_flags,
+        include_dirs=[os.path.join(ROOT, "csrc")],
+        py_limited_api=True,
+    )
+    if want_cuda():
+        nvcc_flags = opt + ["-lineinfo", "--expt-relaxed-constexpr"]
+        if os.environ.get("PAGED_ATTN_PTXAS_VERBOSE") == "1":
+            nvcc_flags.append("-Xptxas=-v")
+        return cpp_extension.CUDAExtension(
+            sources=cxx_sources + sources("csrc/cuda/*.cu"),
+            extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags},
+            **kwargs,
+        )
+    return cpp_extension.CppExtension(
+        sources=cxx_sources, extra_compile_args={"cxx": cxx_flags}, **kwargs)
+
+
+class BuildExtension(cpp_extension.BuildExtension):
+    """torch's BuildExtension with a pinned build folder, so `pip install -e .` (which otherwise
+    builds in a fresh temp folder) and repeated builds reuse object files."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        self.build_temp = os.path.join(ROOT, "build", "temp")
+
+
+class Develop(Command):
+    """`python setup.py develop`: setuptools >= 80 turns develop into an isolated
+    `pip install -e .`, whose build environment lacks torch. Install against this torch instead."""
+
+    description = "editable install against the torch already installed"
+    user_options = []
+
+    def initialize_options(self):
+        pass
+
+    def finalize_options(self):
+        pass
+
+    def run(self):
+        subprocess.check_call([sys.executable, "-m", "pip", "install", "--no-build-isolation",
+                               "--no-deps", "-e", ROOT])
+
+
+setup(
+    ext_modules=[extension()],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True), "develop": Develop},
+    options={"bdist_wheel": {"py_limited_api": "cp39"}},
+)
