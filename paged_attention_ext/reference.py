@@ -1,0 +1,222 @@
+"""The oracle: paged attention v1 / v2 and reshape_and_cache in plain PyTorch (any device).
+
+Clarity over speed; it is the ground truth the kernels are tested against, and it is itself
+checked against an independent float64 dense attention (tests/test_reference.py). It imports
+nothing from _C and runs the full argument and data validation (paged_attention_ext.validation)
+before touching any output.
+
+Algorithm (per sequence, as the seed but correct):
+  1. gather the sequence's K and V through its block table (only the used blocks), decode fp8
+     caches to fp32 times k_scale / v_scale, and cut them at seq_len (slots past seq_len may
+     hold NaN: they never enter a matmul);
+  2. logits = scale * q . k (+ ALiBi slope[h] * (t - seq_len + 1)), one batched matmul over the
+     query heads of each KV head (GQA: K/V are not expanded per query head);
+  3. split the tokens into partitions of 512 (the tail padded with logit -inf and V = 0) and take
+     each partition's (max, exp sum, output normalised by its own exp sum);
+  4. v2: store those in max_logits / exp_sums / tmp_out and combine them with partition_weights;
+     v1: fold the partitions with merge_stats (the CPU kernel's online merge).
+  Everything is fp32; out is rounded to the query dtype once, tmp_out is stored in the query dtype.
+Steps 3-4 mirror csrc/core/compound_state.h (merge_stats, inv_sum, partition_weights) line for line.
+"""
+
+import math
+
+import torch
+
+from . import validation
+from .validation import PARTITION_SIZE
+
+_NEG_INF = float("-inf")
+
+
+# ---- csrc/core/compound_state.h, vectorised over leading dims (mirror it line for line) ----
+
+def merge_stats(a_max, a_sum, b_max, b_sum):
+    """Merge two (max, sum) summaries. Returns (max, sum, scale_a, scale_b) with
+    merged.out = a.out * scale_a + b.out * scale_b. Both empty (max -inf) stays empty."""
+    m = torch.maximum(a_max, b_max)
+    both_empty = m == _NEG_INF  # both empty: stay empty, never exp(NaN)
+    scale_a = torch.where(both_empty, 0.0, torch.exp(a_max - m))  # exp(-inf) = 0 for an empty side
+    scale_b = torch.where(both_empty, 0.0, torch.exp(b_max - m))
+    merged_max = torch.where(both_empty, _NEG_INF, m)
+    merged_sum = torch.where(both_empty, 0.0, a_sum * scale_a + b_sum * scale_b)
+    return merged_max, merged_sum, scale_a, scale_b
+
+
+def inv_sum(s_sum):
+    """1 / sum for normalising an output; 0 for the empty set (seq_len 0 gives zeros, not NaN)."""
+    return torch.where(s_sum > 0.0, 1.0 / s_sum, 0.0)
+
+
+def partition_weights(max_logits, exp_sums):
+    """Phase 2 weights. max_logits, exp_sums [..., n] (partition p holds its max m_p, its exp sum
+    s_p, and its output normalised by s_p). Returns w [..., n]:
+    w_p = s_p * exp(m_p - M) / sum_q s_q * exp(m_q - M), M = max_p m_p; all-empty gives zeros."""
+    m = max_logits.amax(dim=-1, keepdim=True)
+    w = torch.where(m == _NEG_INF, 0.0, exp_sums * torch.exp(max_logits - m))
+    total = w.sum(dim=-1, keepdim=True)
+    inv = torch.where(total > 0.0, 1.0 / total, 0.0)
+    return w * inv
+
+
+# ---- cache decoding / encoding ----
+
+def _scale_value(s, device):
+    """k_scale / v_scale as passed (float or 1-element tensor) -> something to multiply by."""
+    return s.to(device=device, dtype=torch.float32).reshape(()) if isinstance(s, torch.Tensor) else float(s)
+
+
+def decode_cache(t, kind, scale):
+    """Cache elements -> fp32 values: 'auto' as is (scale ignored), fp8 bytes decoded * scale."""
+    if kind == "auto":
+        return t.float()
+    return t.view(validation.FP8_DTYPES[kind]).float() * scale
+
+
+def encode_cache(t, kind, scale):
+    """Values -> cache elements: 'auto' as is, fp8: fp8(x / scale) saturated to the finite max.
+    NOTE: torch's float8 conversion does not saturate (overflow gives NaN / inf), so clamp first."""
+    if kind == "auto":
+        return t
+    fp8 = validation.FP8_DTYPES[kind]
+    fmax = torch.finfo(fp8).max
+    return (t.float() / scale).clamp(-fmax, fmax).to(fp8).view(torch.uint8)
+
+
+# ---- attention ----
+
+def _gather_sequence(key_cache, value_cache, block_ids, seq_len, kind, k_scale, v_scale):
+    """K, V of one sequence as fp32 [num_kv_heads, seq_len, head_size] (no slot past seq_len)."""
+    # key_cache [num_blocks, kv_heads, head_size/x, block_size, x] -> [kv_heads, tokens, head_size]
+    k = decode_cache(key_cache[block_ids], kind, k_scale)  # [nb, kvh, d/x, bs, x]
+    nb, kvh, dx, bs, x = k.shape
+    k = k.permute(1, 0, 3, 2, 4).reshape(kvh, nb * bs, dx * x)[:, :seq_len]
+    # value_cache [num_blocks, kv_heads, head_size, block_size] -> [kv_heads, tokens, head_size]
+    v = decode_cache(value_cache[block_ids], kind, v_scale)  # [nb, kvh, d, bs]
+    v = v.permute(1, 0, 3, 2).reshape(kvh, nb * bs, dx * x)[:, :seq_len]
+    return k, v
+
+
+def _partition_states(query_row, k, v, scale, slopes, seq_len):
+    """Per-partition summaries of one sequence.
+
+    query_row [num_heads, head_size]; k, v [kvh, seq_len, head_size] fp32; slopes [num_heads]|None.
+    Returns max [H, P], sum [H, P], out [H, P, head_size] (out UNnormalised), P = ceil(L / 512).
+    """
+    num_heads, head_size = query_row.shape
+    kvh = k.shape[0]
+    group = num_heads // kvh
+    num_parts = math.ceil(seq_len / PARTITION_SIZE)
+    padded = num_parts * PARTITION_SIZE
+
+    q = query_row.float().reshape(kvh, group, head_size)
+    logits = scale * torch.matmul(q, k.transpose(1, 2))  # [kvh, group, L]
+    logits = logits.reshape(num_heads, seq_len)
+    if slopes is not None:
+        # ALiBi: 0 at the last token (CONTRACT.md), negative before it.
+        pos = torch.arange(seq_len, device=logits.device, dtype=torch.float32) - (seq_len - 1)
+        logits = logits + slopes.float()[:, None] * pos[None, :]
+
+    # Pad the tail partition: logit -inf (weight 0) and V rows 0 (NOTE: zero V, not only the
+    # logits, so nothing but finite values meets the matmul).
+    logits = torch.nn.functional.pad(logits, (0, padded - seq_len), value=_NEG_INF)
+    v = torch.nn.functional.pad(v, (0, 0, 0, padded - seq_len), value=0.0)
+
+    logits = logits.reshape(num_heads, num_parts, PARTITION_SIZE)
+    part_max = logits.amax(dim=-1)  # [H, P]; finite: every partition p < P has a token
+    p = torch.exp(logits - part_max[..., None])  # [H, P, 512]
+    part_sum = p.sum(dim=-1)  # [H, P]
+    # [kvh, group, P, 512] x [kvh, P, 512, d] -> [kvh, group, P, d]
+    part_out = torch.einsum("kgpt,kptd->kgpd", p.reshape(kvh, group, num_parts, PARTITION_SIZE),
+                            v.reshape(kvh, num_parts, PARTITION_SIZE, head_size))
+    return part_max, part_sum, part_out.reshape(num_heads, num_parts, head_size)
+
+
+def _attention(out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, num_kv_heads,
+               scale, block_tables, seq_lens, block_size, max_seq_len, alibi_slopes,
+               kv_cache_dtype, k_scale, v_scale, tp_rank, bs_local, bs_vert, bs_block, bs_step,
+               op):
+    kind = validation.check_attention_args(
+        op, out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, num_kv_heads,
+        scale, block_tables, seq_lens, block_size, max_seq_len, alibi_slopes, kv_cache_dtype,
+        k_scale, v_scale, tp_rank, bs_local, bs_vert, bs_block, bs_step)
+    validation.check_attention_data(op, key_cache, block_tables, seq_lens, block_size, tmp_out)
+    ks = _scale_value(k_scale, query.device)
+    vs = _scale_value(v_scale, query.device)
+
+    for s, seq_len in enumerate(seq_lens.tolist()):
+        if seq_len == 0:
+            out[s].zero_()
+            continue
+        num_used_blocks = math.ceil(seq_len / block_size)
+        block_ids = block_tables[s, :num_used_blocks].long()
+        k, v = _gather_sequence(key_cache, value_cache, block_ids, seq_len, kind, ks, vs)
+        part_max, part_sum, part_out = _partition_states(query[s], k, v, scale, alibi_slopes,
+                                                         seq_len)
+        num_parts = part_max.shape[1]
+        if tmp_out is not None:  # v2: partition summaries, then the phase-2 combine
+            part_out_normed = part_out * inv_sum(part_sum)[..., None]  # [H, P, d]
+            max_logits[s, :, :num_parts] = part_max
+            exp_sums[s, :, :num_parts] = part_sum
+            tmp_out[s, :, :num_parts] = part_out_normed.to(tmp_out.dtype)
+            w = partition_weights(part_max, part_sum)  # [H, P]
+            result = (w[..., None] * part_out_normed).sum(dim=1)  # [H, d]
+        else:  # v1: fold the partitions one by one (online merge)
+            acc_max = torch.full_like(part_max[:, 0], _NEG_INF)
+            acc_sum = torch.zeros_like(part_sum[:, 0])
+            acc_out = torch.zeros_like(part_out[:, 0])
+            for p in range(num_parts):
+                acc_max, acc_sum, fa, fb = merge_stats(acc_max, acc_sum, part_max[:, p],
+                                                       part_sum[:, p])
+                acc_out = acc_out * fa[:, None] + part_out[:, p] * fb[:, None]
+            result = acc_out * inv_sum(acc_sum)[:, None]
+        out[s] = result.to(out.dtype)
+
+
+def paged_attention_v1(out, query, key_cache, value_cache, num_kv_heads, scale, block_tables,
+                       seq_lens, block_size, max_seq_len, alibi_slopes, kv_cache_dtype="auto",
+                       k_scale=1.0, v_scale=1.0, tp_rank=0, blocksparse_local_blocks=0,
+                       blocksparse_vert_stride=0, blocksparse_block_size=64,
+                       blocksparse_head_sliding_step=0):
+    """out [num_seqs, num_heads, head_size] <- paged attention (vLLM's v1 contract)."""
+    _attention(out, None, None, None, query, key_cache, value_cache, num_kv_heads, scale,
+               block_tables, seq_lens, block_size, max_seq_len, alibi_slopes, kv_cache_dtype,
+               k_scale, v_scale, tp_rank, blocksparse_local_blocks, blocksparse_vert_stride,
+               blocksparse_block_size, blocksparse_head_sliding_step, "v1")
+
+
+def paged_attention_v2(out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache,
+                       num_kv_heads, scale, block_tables, seq_lens, block_size, max_seq_len,
+                       alibi_slopes, kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0, tp_rank=0,
+                       blocksparse_local_blocks=0, blocksparse_vert_stride=0,
+                       blocksparse_block_size=64, blocksparse_head_sliding_step=0):
+    """out as v1; exp_sums / max_logits [num_seqs, num_heads, P] (fp32) and tmp_out
+    [num_seqs, num_heads, P, head_size] (query dtype, normalised per partition) for the partitions
+    p < ceil(seq_len / 512) of each row. Scratch past a row's partitions is left untouched."""
+    _attention(out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, num_kv_heads,
+               scale, block_tables, seq_lens, block_size, max_seq_len, alibi_slopes,
+               kv_cache_dtype, k_scale, v_scale, tp_rank, blocksparse_local_blocks,
+               blocksparse_vert_stride, blocksparse_block_size, blocksparse_head_sliding_step, "v2")
+
+
+# ---- reshape_and_cache ----
+
+def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype="auto",
+                      k_scale=1.0, v_scale=1.0):
+    """Write token i's key/value [num_kv_heads, head_size] into slot slot_mapping[i]
+    (= block * block_size + offset) of the caches; negative slots are padding and skipped."""
+    op = "reshape_and_cache"
+    kind = validation.check_cache_args(op, key, value, key_cache, value_cache, slot_mapping,
+                                       kv_cache_dtype, k_scale, v_scale)
+    validation.check_cache_data(op, key_cache, slot_mapping)
+    num_tokens, kvh, head_size = key.shape
+    block_size, x = key_cache.shape[3], key_cache.shape[4]
+
+    tokens = (slot_mapping >= 0).nonzero().squeeze(1)
+    slots = slot_mapping[tokens]
+    blocks, offsets = slots // block_size, slots % block_size
+    k = encode_cache(key[tokens], kind, _scale_value(k_scale, key.device))
+    v = encode_cache(value[tokens], kind, _scale_value(v_scale, key.device))
+    # key_cache[b, :, :, o, :] is [kvh, head_size/x, x]; value_cache[b, :, :, o] is [kvh, head_size].
+    key_cache[blocks, :, :, offsets, :] = k.reshape(-1, kvh, head_size // x, x)
+    value_cache[blocks, :, :, offsets] = v

@@ -1,0 +1,248 @@
+"""Test inputs and comparisons shared by the tests, the CLI and the benchmarks.
+
+make_attention_inputs builds inputs that make a wrong kernel fail loudly:
+- q, k, v ~ N(0, 1) with scale 1/sqrt(head_size): a sharp softmax (a wrong key layout or a
+  wrong token order changes the output by O(1), unlike vLLM's near-uniform test inputs);
+- a shuffled block table (sequences own scattered blocks) whose entries past each row's used
+  blocks are garbage, including -1 and ids >= num_blocks;
+- NaN in every cache slot no sequence uses (the tail of each last block and all unused blocks;
+  fp8 caches: the NaN byte 0x7F), so reading one shows up as NaN in the output;
+- fp8 caches quantised with k_scale, v_scale != 1 (a kernel ignoring the scale fails);
+- optionally a query that is a slice of a wider fused qkv tensor (stride(0) > num_heads*head_size)
+  whose other columns are NaN.
+Outputs are allocated pre-filled with NaN to prove every element that must be written is written.
+"""
+
+import dataclasses
+import math
+from typing import List, NamedTuple, Optional, Union
+
+import torch
+
+from .reference import encode_cache
+from .validation import FP8_DTYPES, PARTITION_SIZE, cache_dtype_for, parse_kv_cache_dtype
+
+# NaN as an fp8 byte: 0x7F is NaN in both float8_e4m3fn (S.1111.111) and float8_e5m2 (S.11111.11).
+FP8_NAN_BYTE = 0x7F
+FP8_K_SCALE = 0.37  # != 1 so that a kernel ignoring the scales is caught
+FP8_V_SCALE = 1.9
+
+Scale = Union[float, torch.Tensor]
+
+
+@dataclasses.dataclass
+class AttentionInputs:
+    query: torch.Tensor  # [num_seqs, num_heads, head_size]
+    key_cache: torch.Tensor  # [num_blocks, num_kv_heads, head_size/x, block_size, x]
+    value_cache: torch.Tensor  # [num_blocks, num_kv_heads, head_size, block_size]
+    block_tables: torch.Tensor  # int32 [num_seqs, max_blocks_per_seq]
+    seq_lens: torch.Tensor  # int32 [num_seqs]
+    num_kv_heads: int
+    scale: float
+    block_size: int
+    max_seq_len: int
+    alibi_slopes: Optional[torch.Tensor]  # float32 [num_heads] or None
+    kv_cache_dtype: str
+    k_scale: Scale
+    v_scale: Scale
+    # shape facts
+    num_seqs: int
+    num_heads: int
+    head_size: int
+    num_blocks: int
+    seq_lens_list: List[int]
+    dtype: torch.dtype  # query / out dtype
+
+
+class V2Outputs(NamedTuple):
+    out: torch.Tensor  # [num_seqs, num_heads, head_size], query dtype
+    exp_sums: torch.Tensor  # [num_seqs, num_heads, max_num_partitions], float32
+    max_logits: torch.Tensor  # [num_seqs, num_heads, max_num_partitions], float32
+    tmp_out: torch.Tensor  # [num_seqs, num_heads, max_num_partitions, head_size], query dtype
+
+
+def num_partitions(seq_len):
+    """Number of 512-token v2 partitions of a row (0 for an empty row)."""
+    return math.ceil(seq_len / PARTITION_SIZE)
+
+
+def make_attention_inputs(num_seqs, num_heads, num_kv_heads, head_size, block_size, seq_lens,
+                          dtype=torch.float32, kv_cache_dtype="auto", use_alibi=False,
+                          device="cpu", seed=0, extra_blocks=3, poison=True,
+                          noncontig_query=False, scale_as_tensor=False):
+    """Random paged-attention inputs (see the module docstring). seq_lens: list of num_seqs ints.
+    extra_blocks: cache blocks no sequence uses (poisoned). scale_as_tensor: k_scale / v_scale as
+    0-dim float32 tensors on `device` (as current vLLM passes them) instead of floats."""
+    assert len(seq_lens) == num_seqs
+    kind = parse_kv_cache_dtype("testing", kv_cache_dtype)
+    gen = torch.Generator().manual_seed(seed)
+    randn = lambda *shape: torch.randn(*shape, generator=gen)  # noqa: E731
+
+    # Block ownership: sequence s owns blocks_per_seq[s] blocks drawn from a shuffled pool.
+    blocks_per_seq = [math.ceil(n / block_size) for n in seq_lens]
+    num_blocks = max(1, sum(blocks_per_seq) + extra_blocks)
+    pool = torch.randperm(num_blocks, generator=gen).tolist()
+    max_blocks_per_seq = max(blocks_per_seq, default=0) + 2  # >= 2 garbage columns per row
+    # Garbage everywhere first: values in [-1, num_blocks + 16), i.e. -1, valid ids of other
+    # sequences, and ids past the pool; each row's first garbage entry is forced out of range.
+    table = torch.randint(-1, num_blocks + 16, (num_seqs, max_blocks_per_seq), generator=gen)
+    owned = []
+    for s, nb in enumerate(blocks_per_seq):
+        ids, pool = pool[:nb], pool[nb:]
+        owned.append(ids)
+        table[s, :nb] = torch.tensor(ids, dtype=table.dtype)
+        table[s, nb] = -1 if s % 2 == 0 else num_blocks + s
+    block_tables = table.to(torch.int32)
+
+    # Caches: values ~ N(0, 1); fp8 caches hold fp8(value / scale).
+    cache_dtype = cache_dtype_for(kind, dtype)
+    x = 16 // torch.empty((), dtype=cache_dtype).element_size()
+    k_values = randn(num_blocks, num_kv_heads, head_size // x, block_size, x)
+    v_values = randn(num_blocks, num_kv_heads, head_size, block_size)
+    if kind == "auto":
+        k_scale, v_scale = 1.0, 1.0
+        key_cache, value_cache = k_values.to(dtype), v_values.to(dtype)
+        nan = float("nan")
+    else:
+        k_scale, v_scale = FP8_K_SCALE, FP8_V_SCALE
+        key_cache = encode_cache(k_values, kind, k_scale)
+        value_cache = encode_cache(v_values, kind, v_scale)
+        nan = FP8_NAN_BYTE
+
+    if poison:
+        used = set()
+        for s, ids in enumerate(owned):
+            for j, b in enumerate(ids):
+                first_unused = min(block_size, seq_lens[s] - j * block_size)
+                key_cache[b, :, :, first_unused:, :] = nan
+                value_cache[b, :, :, first_unused:] = nan
+                used.add(b)
+        for b in range(num_blocks):
+            if b not in used:
+                key_cache[b] = nan
+                value_cache[b] = nan
+
+    query = randn(num_seqs, num_heads, head_size).to(dtype)
+    if noncontig_query:
+        # A slice of a fused [num_seqs, (num_heads + 2*num_kv_heads) * head_size] qkv tensor.
+        qkv = torch.full((num_seqs, (num_heads + 2 * num_kv_heads) * head_size),
+                         float("nan") if poison else 0.0, dtype=dtype)
+        qkv[:, :num_heads * head_size] = query.reshape(num_seqs, -1)
+        query = qkv.to(device)[:, :num_heads * head_size].view(num_seqs, num_heads, head_size)
+
+    alibi_slopes = None
+    if use_alibi:
+        # Slopes up to 4 / longest row: the bias moves logits by at most ~4 over a row, so every
+        # partition still matters (realistic slopes up to 0.5 would mute all but the last one).
+        alibi_slopes = torch.rand(num_heads, generator=gen) * 4.0 / max(1, max(seq_lens, default=1))
+        alibi_slopes = alibi_slopes.to(device)
+
+    if scale_as_tensor:
+        k_scale = torch.tensor(k_scale, dtype=torch.float32, device=device)
+        v_scale = torch.tensor(v_scale, dtype=torch.float32, device=device)
+
+    return AttentionInputs(
+        query=query.to(device), key_cache=key_cache.to(device), value_cache=value_cache.to(device),
+        block_tables=block_tables.to(device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        num_kv_heads=num_kv_heads, scale=1.0 / math.sqrt(head_size), block_size=block_size,
+        max_seq_len=max(seq_lens, default=0), alibi_slopes=alibi_slopes,
+        kv_cache_dtype=kv_cache_dtype, k_scale=k_scale, v_scale=v_scale, num_seqs=num_seqs,
+        num_heads=num_heads, head_size=head_size, num_blocks=num_blocks,
+        seq_lens_list=list(seq_lens), dtype=dtype)
+
+
+def alloc_v1_outputs(inputs, fill=float("nan")):
+    """out [num_seqs, num_heads, head_size] in the query dtype, pre-filled with `fill`."""
+    return torch.full((inputs.num_seqs, inputs.num_heads, inputs.head_size), fill,
+                      dtype=inputs.dtype, device=inputs.query.device)
+
+
+def alloc_v2_outputs(inputs, max_num_partitions=None, fill=float("nan")):
+    """V2Outputs pre-filled with `fill`; max_num_partitions defaults to the longest row's
+    partition count (at least 1)."""
+    if max_num_partitions is None:
+        max_num_partitions = max(1, max(map(num_partitions, inputs.seq_lens_list), default=0))
+    s, h, d = inputs.num_seqs, inputs.num_heads, inputs.head_size
+    dev = inputs.query.device
+    return V2Outputs(
+        out=alloc_v1_outputs(inputs, fill),
+        exp_sums=torch.full((s, h, max_num_partitions), fill, dtype=torch.float32, device=dev),
+        max_logits=torch.full((s, h, max_num_partitions), fill, dtype=torch.float32, device=dev),
+        tmp_out=torch.full((s, h, max_num_partitions, d), fill, dtype=inputs.dtype, device=dev))
+
+
+def _attention_args(inputs):
+    """The arguments after the outputs, in vLLM's order (blocksparse off)."""
+    i = inputs
+    return (i.query, i.key_cache, i.value_cache, i.num_kv_heads, i.scale, i.block_tables,
+            i.seq_lens, i.block_size, i.max_seq_len, i.alibi_slopes, i.kv_cache_dtype,
+            i.k_scale, i.v_scale, 0, 0, 0, 64, 0)
+
+
+def call_v1(op_or_fn, inputs, out):
+    """op_or_fn: torch.ops.paged_attn.v1 or reference.paged_attention_v1 (same argument order)."""
+    op_or_fn(out, *_attention_args(inputs))
+    return out
+
+
+def call_v2(op_or_fn, inputs, outputs):
+    """op_or_fn: torch.ops.paged_attn.v2 or reference.paged_attention_v2; outputs: V2Outputs."""
+    op_or_fn(*outputs, *_attention_args(inputs))
+    return outputs
+
+
+# Tolerances for an implementation vs the oracle (or the oracle vs float64), both computing in
+# fp32 and rounding out once to `dtype`. eps = torch.finfo(dtype).eps.
+# - fp16 / bf16: dominated by rounding to the output dtype: <= eps/2 relative to |out|, plus the
+#   same again if an implementation rounds tmp_out (phase 2 reads it back) or the probabilities
+#   (vLLM's P.V in the query dtype) to the dtype; |out| is a convex combination of N(0,1) values
+#   (|out| <~ 4). 4 * eps covers those three roundings with margin: fp16 3.9e-3, bf16 3.1e-2.
+# - fp32: fp32 accumulation in a different order over up to a few thousand tokens (~sqrt(n)*eps
+#   ~ 5e-6 typical) and fast exp (a few ulp): 2e-5 (~170 eps).
+# - fp8 caches add nothing: both sides decode the same bytes exactly to fp32 (times the scale),
+#   so the query dtype decides.
+# The fp32 softmax statistics (exp_sums, max_logits) get the fp32 bound scaled by 5 (sums of up
+# to 512 exp terms in any order), whatever the query dtype.
+def tolerances(dtype, kv_cache_dtype="auto"):
+    """(atol, rtol) for comparing `out` / `tmp_out` of query dtype `dtype`."""
+    parse_kv_cache_dtype("testing", kv_cache_dtype)  # rejects unknown strings
+    if dtype == torch.float32:
+        return 2e-5, 2e-5
+    eps = torch.finfo(dtype).eps
+    return 4 * eps, 4 * eps
+
+
+STATS_TOLERANCES = (1e-4, 1e-4)  # (atol, rtol) for exp_sums / max_logits
+
+
+def partition_mask(seq_lens, max_num_partitions, device):
+    """bool [num_seqs, max_num_partitions]: True for the partitions p < ceil(seq_len / 512)."""
+    counts = torch.tensor([num_partitions(n) for n in seq_lens], device=device)
+    return torch.arange(max_num_partitions, device=device)[None, :] < counts[:, None]
+
+
+def assert_out_matches(actual, expected, dtype, kv_cache_dtype="auto", name="out"):
+    """Compare an output with the expected one (NaN anywhere in `actual` fails)."""
+    atol, rtol = tolerances(dtype, kv_cache_dtype)
+    expected = expected.to(actual.device)
+    torch.testing.assert_close(actual.double(), expected.double(), atol=atol, rtol=rtol,
+                               msg=lambda m: f"{name}: {m}")
+
+
+def assert_v2_matches(actual, expected, seq_lens, dtype, kv_cache_dtype="auto"):
+    """Compare V2Outputs: out everywhere; exp_sums / max_logits / tmp_out only in the partitions
+    p < ceil(seq_len / 512) of each row (the rest is not part of the contract)."""
+    assert_out_matches(actual.out, expected.out, dtype, kv_cache_dtype)
+    device = actual.out.device
+    num_heads = actual.out.shape[1]
+    mask = partition_mask(seq_lens, actual.tmp_out.shape[2], device)  # [num_seqs, P]
+    mask = mask[:, None, :].expand(-1, num_heads, -1)  # [num_seqs, num_heads, P]
+    expected = V2Outputs(*(t.to(device) for t in expected))
+    s_atol, s_rtol = STATS_TOLERANCES
+    for name in ("exp_sums", "max_logits"):
+        torch.testing.assert_close(getattr(actual, name)[mask].double(),
+                                   getattr(expected, name)[mask].double(), atol=s_atol,
+                                   rtol=s_rtol, msg=lambda m, n=name: f"{n}: {m}")
+    assert_out_matches(actual.tmp_out[mask], expected.tmp_out[mask], dtype, kv_cache_dtype,
+                       name="tmp_out")
