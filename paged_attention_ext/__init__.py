@@ -10,12 +10,17 @@ from ._registration import register as _register
 
 __version__ = "0.1.0"
 
-try:
-    from . import _C  # noqa: F401  (loading the library runs its TORCH_LIBRARY registrations)
+import os as _os
 
-    EXTENSION_IMPORT_ERROR = None
-except ImportError as error:  # not built, or built against another torch
-    EXTENSION_IMPORT_ERROR = error
+if _os.environ.get("PAGED_ATTN_DISABLE_EXTENSION") == "1":  # force the PyTorch implementation
+    EXTENSION_IMPORT_ERROR = ImportError("disabled by PAGED_ATTN_DISABLE_EXTENSION=1")
+else:
+    try:
+        from . import _C  # noqa: F401  (loading the library runs its TORCH_LIBRARY registrations)
+
+        EXTENSION_IMPORT_ERROR = None
+    except ImportError as error:  # not built, or built against another torch
+        EXTENSION_IMPORT_ERROR = error
 
 
 def extension_loaded() -> bool:
