@@ -1,7 +1,9 @@
 """Argument checks for the paged_attn ops: the Python mirror of csrc/torch_glue/validate.cpp.
 
 Every failure raises ValueError with a message that starts with "paged_attn.<op>: " and matches
-the regexes of docs/DESIGN.md's bad-input table (C++ and Python say the same).
+the regexes of docs/DESIGN.md's bad-input table. The checks run in the same order as the C++ ones
+and say the same words (dtypes printed the C++ way: Float, Half, Int, ...), so a bad call fails
+with one message whichever backend serves it.
 
 Two kinds of check:
 - check_attention_args / check_cache_args: shapes, dtypes, devices, strides. They read NO tensor
@@ -33,6 +35,17 @@ def _require(cond, op, msg):
         _fail(op, msg)
 
 
+# c10 ScalarType names, as the C++ messages print dtypes.
+_C10_NAMES = {torch.float32: "Float", torch.float16: "Half", torch.bfloat16: "BFloat16",
+              torch.float64: "Double", torch.int32: "Int", torch.int64: "Long",
+              torch.uint8: "Byte", torch.int8: "Char", torch.int16: "Short", torch.bool: "Bool",
+              torch.float8_e4m3fn: "Float8_e4m3fn", torch.float8_e5m2: "Float8_e5m2"}
+
+
+def _dt(dtype):
+    return _C10_NAMES.get(dtype, str(dtype))
+
+
 def _shape(t):
     return list(t.shape)
 
@@ -40,8 +53,8 @@ def _shape(t):
 def parse_kv_cache_dtype(op, kv_cache_dtype):
     """"auto" | "fp8" | "fp8_e4m3" | "fp8_e5m2" -> "auto" | "fp8_e4m3" | "fp8_e5m2"."""
     kind = KV_CACHE_DTYPES.get(kv_cache_dtype)
-    _require(kind is not None, op,
-             f"unknown kv_cache_dtype '{kv_cache_dtype}' (expected auto, fp8, fp8_e4m3 or fp8_e5m2)")
+    _require(kind is not None, op, f"unknown kv_cache_dtype '{kv_cache_dtype}' "
+                                   "(expected 'auto', 'fp8', 'fp8_e4m3' or 'fp8_e5m2')")
     return kind
 
 
@@ -50,29 +63,26 @@ def cache_dtype_for(kind, query_dtype):
     return query_dtype if kind == "auto" else torch.uint8
 
 
-def _check_device(op, name, t, device, ref="query"):
-    _require(t.device == device, op, f"{name} is on device {t.device} but {ref} is on {device}")
+def _check_same_device(op, ref, ref_name, t, name):
+    _require(t.device == ref.device, op,
+             f"{name} is on device {t.device} but {ref_name} is on device {ref.device} "
+             "(all tensors must be on one device)")
 
 
-def _check_contiguous(op, name, t):
-    _require(t.is_contiguous(), op, f"{name} must be contiguous (strides {list(t.stride())})")
-
-
-def _check_scale(op, name, s, device, ref="query"):
-    """k_scale / v_scale: a Python float or a 1-element float32 tensor on `ref`'s device."""
-    if isinstance(s, torch.Tensor):
-        _require(s.numel() == 1 and s.dtype == torch.float32, op,
-                 f"{name} must be a float or a 1-element float32 tensor "
-                 f"(got shape {_shape(s)}, dtype {s.dtype})")
-        _check_device(op, name, s, device, ref)
-    else:
+def _check_scale(op, s, name, ref, ref_name):
+    """k_scale / v_scale: a Python float or one float32 element on `ref`'s device."""
+    if not isinstance(s, torch.Tensor):
         _require(isinstance(s, (float, int)), op,
-                 f"{name} must be a float or a 1-element float32 tensor (got {type(s).__name__})")
+                 f"{name} must be a float or a 1-element float32 tensor, got {type(s).__name__}")
+        return
+    _require(s.numel() == 1 and s.dtype == torch.float32, op,
+             f"{name} must be a float or a 1-element float32 tensor, got dtype {_dt(s.dtype)} "
+             f"with {s.numel()} elements")
+    _check_same_device(op, ref, ref_name, s, name)
 
 
-def _check_caches(op, key_cache, value_cache, kind, elem_dtype, elem_name, num_kv_heads,
-                  head_size, block_size):
-    """The K/V cache checks shared by attention and reshape_and_cache.
+def _check_caches(op, key_cache, value_cache, kind, elem_dtype, elem_name):
+    """The cache checks shared by attention and reshape_and_cache (validate.cpp check_caches).
 
     key_cache   [num_blocks, num_kv_heads, head_size // x, block_size, x]
     value_cache [num_blocks, num_kv_heads, head_size, block_size]
@@ -80,207 +90,218 @@ def _check_caches(op, key_cache, value_cache, kind, elem_dtype, elem_name, num_k
     Returns x.
     """
     _require(key_cache.dim() == 5, op,
-             f"key_cache shape {_shape(key_cache)} must be 5-D "
-             "[num_blocks, num_kv_heads, head_size/x, block_size, x]")
+             "key_cache must be 5-D [num_blocks, num_kv_heads, head_size / x, block_size, x], "
+             f"got shape {_shape(key_cache)}")
     _require(value_cache.dim() == 4, op,
-             f"value_cache shape {_shape(value_cache)} must be 4-D "
-             "[num_blocks, num_kv_heads, head_size, block_size]")
-    if kind == "auto":
-        _require(key_cache.dtype == elem_dtype, op,
-                 f"key_cache dtype {key_cache.dtype} must equal {elem_name} dtype {elem_dtype} "
-                 "for kv_cache_dtype 'auto'")
-    else:
-        _require(key_cache.dtype == torch.uint8, op,
-                 f"key_cache dtype {key_cache.dtype} must be uint8 for kv_cache_dtype '{kind}'")
-    _require(value_cache.dtype == key_cache.dtype, op,
-             f"value_cache dtype {value_cache.dtype} must equal key_cache dtype {key_cache.dtype}")
-
+             "value_cache must be 4-D [num_blocks, num_kv_heads, head_size, block_size], "
+             f"got shape {_shape(value_cache)}")
+    for name, t in (("key_cache", key_cache), ("value_cache", value_cache)):
+        if kind == "auto":
+            _require(t.dtype == elem_dtype, op,
+                     f"{name} dtype {_dt(t.dtype)} must match {elem_name} dtype "
+                     f"{_dt(elem_dtype)} for kv_cache_dtype=auto")
+        else:
+            _require(t.dtype == torch.uint8, op,
+                     f"{name} dtype {_dt(t.dtype)} must be uint8 for kv_cache_dtype={kind}")
     x = 16 // key_cache.element_size()
-    _require(head_size % x == 0, op, f"head_size ({head_size}) must be divisible by x ({x})")
     _require(key_cache.size(4) == x, op,
              f"key_cache.size(4) must be x = 16 / element size = {x}, got {key_cache.size(4)}")
-    _require(key_cache.size(1) == num_kv_heads, op,
-             f"num_kv_heads ({num_kv_heads}) does not match key_cache.size(1) ({key_cache.size(1)})")
-    _require(key_cache.size(2) * x == head_size, op,
-             f"head_size ({head_size}) does not match key_cache (size(2) * x = {key_cache.size(2) * x})")
-    _require(value_cache.size(2) == head_size, op,
-             f"head_size ({head_size}) does not match value_cache.size(2) ({value_cache.size(2)})")
-    _require(key_cache.size(3) == block_size, op,
-             f"block_size ({block_size}) does not match key_cache.size(3) ({key_cache.size(3)})")
-    same_layout = (value_cache.size(0) == key_cache.size(0)
+    same_blocks = (value_cache.size(0) == key_cache.size(0)
                    and value_cache.size(1) == key_cache.size(1)
                    and value_cache.size(3) == key_cache.size(3))
-    _require(same_layout, op,
-             f"value_cache shape {_shape(value_cache)} disagrees with key_cache shape "
-             f"{_shape(key_cache)} (num_blocks, num_kv_heads, block_size)")
+    _require(same_blocks, op,
+             f"value_cache shape {_shape(value_cache)} does not match key_cache shape "
+             f"{_shape(key_cache)} (num_blocks, num_kv_heads and block_size must agree)")
     _require(value_cache.stride(0) == key_cache.stride(0)
              and value_cache.stride(1) == key_cache.stride(1), op,
-             f"value_cache strides {list(value_cache.stride()[:2])} on dims 0, 1 differ from "
-             f"key_cache strides {list(key_cache.stride()[:2])}")
-    # Inner dims contiguous: K [head_size/x, block_size, x], V [head_size, block_size].
+             f"value_cache block/head strides ({value_cache.stride(0)}, {value_cache.stride(1)}) "
+             f"do not match key_cache strides ({key_cache.stride(0)}, {key_cache.stride(1)})")
+    block_size = key_cache.size(3)
     _require(key_cache.stride(4) == 1 and key_cache.stride(3) == x
              and key_cache.stride(2) == block_size * x, op,
-             f"key_cache must be contiguous in its inner dims (stride {list(key_cache.stride())})")
+             "key_cache must be contiguous in its inner dims [head_size / x, block_size, x] "
+             f"(got stride {list(key_cache.stride())})")
     _require(value_cache.stride(3) == 1 and value_cache.stride(2) == block_size, op,
-             f"value_cache must be contiguous in its inner dims (stride {list(value_cache.stride())})")
+             "value_cache must be contiguous in its inner dims [head_size, block_size] "
+             f"(got stride {list(value_cache.stride())})")
+    _check_same_device(op, key_cache, "key_cache", value_cache, "value_cache")
     return x
+
+
+def _check_head_size(op, head_size, key_cache, value_cache, x):
+    _require(head_size % x == 0, op, f"head_size ({head_size}) must be divisible by x ({x})")
+    _require(key_cache.size(2) * x == head_size, op,
+             f"head_size ({head_size}) does not match key_cache "
+             f"(size(2) * x = {key_cache.size(2) * x})")
+    _require(value_cache.size(2) == head_size, op,
+             f"head_size ({head_size}) does not match value_cache.size(2) ({value_cache.size(2)})")
+
+
+def _check_scratch(op, t, name, num_seqs, num_heads, num_partitions, head_size, dtype, query):
+    """exp_sums / max_logits (head_size 0: float32 [S, H, P]) or tmp_out ([S, H, P, D], dtype)."""
+    is_tmp_out = head_size > 0
+    want = [num_seqs, num_heads, num_partitions] + ([head_size] if is_tmp_out else [])
+    layout = ("[num_seqs, num_heads, max_num_partitions, head_size]" if is_tmp_out
+              else "[num_seqs, num_heads, max_num_partitions]")
+    _require(_shape(t) == want, op, f"{name} shape {_shape(t)} must be {layout} = {want}")
+    if is_tmp_out:
+        _require(t.dtype == dtype, op,
+                 f"{name} dtype {_dt(t.dtype)} must match query dtype {_dt(dtype)}")
+    else:
+        _require(t.dtype == torch.float32, op, f"{name} must be float32, got {_dt(t.dtype)}")
+    _require(t.is_contiguous(), op, f"{name} must be contiguous")
+    _check_same_device(op, query, "query", t, name)
 
 
 def check_attention_args(op, out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache,
                          num_kv_heads, scale, block_tables, seq_lens, block_size, max_seq_len,
                          alibi_slopes, kv_cache_dtype, k_scale, v_scale, tp_rank, bs_local,
                          bs_vert, bs_block, bs_step):
-    """Shape/dtype/device/stride checks of v1 (exp_sums, max_logits, tmp_out None) or v2.
-
-    Reads no tensor data. Returns the cache kind ("auto", "fp8_e4m3" or "fp8_e5m2").
-    """
-    kind = parse_kv_cache_dtype(op, kv_cache_dtype)
+    """Shape/dtype/device/stride checks of v1 (exp_sums, max_logits, tmp_out None) or v2
+    (validate.cpp make_attention_params). Reads no tensor data, so it runs on meta tensors and
+    FakeTensors. Returns the cache kind ("auto", "fp8_e4m3" or "fp8_e5m2")."""
     _require(bs_vert <= 1, op,
-             f"blocksparse attention is not implemented (blocksparse_vert_stride={bs_vert})")
+             f"blocksparse attention (blocksparse_vert_stride={bs_vert}) is not implemented")
+    kind = parse_kv_cache_dtype(op, kv_cache_dtype)
 
-    # query [num_seqs, num_heads, head_size]: any stride on dims 0, 1; last dim contiguous.
+    # ---- query: [num_seqs, num_heads, head_size], last dim contiguous ----
     _require(query.dim() == 3, op,
-             f"query shape {_shape(query)} must be [num_seqs, num_heads, head_size]")
+             f"query must be 3-D [num_seqs, num_heads, head_size], got shape {_shape(query)}")
     _require(query.dtype in QUERY_DTYPES, op,
-             f"query dtype {query.dtype} is not supported (float32, float16 or bfloat16)")
+             f"query dtype {_dt(query.dtype)} must be float32, float16 or bfloat16")
     _require(query.stride(2) == 1, op,
-             f"query must be contiguous in its last dim (stride {list(query.stride())})")
+             f"query must have a contiguous last dim (got stride {list(query.stride())})")
     num_seqs, num_heads, head_size = query.shape
-    device = query.device
+    for name, t in (("out", out), ("key_cache", key_cache), ("value_cache", value_cache),
+                    ("block_tables", block_tables), ("seq_lens", seq_lens)):
+        _check_same_device(op, query, "query", t, name)
 
-    _require(num_kv_heads > 0, op, f"num_kv_heads ({num_kv_heads}) must be positive")
-    _require(num_heads % num_kv_heads == 0, op,
+    # ---- heads ----
+    _require(num_kv_heads > 0 and num_heads % num_kv_heads == 0, op,
              f"num_heads ({num_heads}) must be divisible by num_kv_heads ({num_kv_heads})")
-    _check_caches(op, key_cache, value_cache, kind, query.dtype, "query", num_kv_heads,
-                  head_size, block_size)
 
+    # ---- caches ----
+    x = _check_caches(op, key_cache, value_cache, kind, query.dtype, "query")
+    _require(key_cache.size(1) == num_kv_heads, op,
+             f"num_kv_heads ({num_kv_heads}) does not match key_cache.size(1) ({key_cache.size(1)})")
+    _check_head_size(op, head_size, key_cache, value_cache, x)
+    _require(block_size == key_cache.size(3), op,
+             f"block_size ({block_size}) does not match key_cache.size(3) ({key_cache.size(3)})")
+
+    # ---- block table and lengths ----
     _require(block_tables.dtype == torch.int32, op,
-             f"block_tables must be int32, got {block_tables.dtype}")
-    _require(seq_lens.dtype == torch.int32, op, f"seq_lens must be int32, got {seq_lens.dtype}")
+             f"block_tables must be int32, got {_dt(block_tables.dtype)}")
+    _require(seq_lens.dtype == torch.int32, op, f"seq_lens must be int32, got {_dt(seq_lens.dtype)}")
     _require(block_tables.dim() == 2 and block_tables.size(0) == num_seqs, op,
              f"block_tables shape {_shape(block_tables)} must be "
-             f"[num_seqs={num_seqs}, max_blocks_per_seq]")
+             f"[num_seqs = {num_seqs}, max_blocks_per_seq]")
     _require(seq_lens.dim() == 1 and seq_lens.size(0) == num_seqs, op,
-             f"seq_lens shape {_shape(seq_lens)} must be [num_seqs={num_seqs}]")
-    _check_contiguous(op, "block_tables", block_tables)
-    _check_contiguous(op, "seq_lens", seq_lens)
+             f"seq_lens shape {_shape(seq_lens)} must be [num_seqs = {num_seqs}]")
+    _require(block_tables.is_contiguous(), op, "block_tables must be contiguous")
+    _require(seq_lens.is_contiguous(), op, "seq_lens must be contiguous")
 
-    if alibi_slopes is not None:
-        _require(alibi_slopes.dtype == torch.float32, op,
-                 f"alibi_slopes must be float32, got {alibi_slopes.dtype}")
-        _require(alibi_slopes.dim() == 1 and alibi_slopes.size(0) == num_heads, op,
-                 f"alibi_slopes shape {_shape(alibi_slopes)} must be [num_heads={num_heads}]")
-        _check_contiguous(op, "alibi_slopes", alibi_slopes)
-    _check_scale(op, "k_scale", k_scale, device)
-    _check_scale(op, "v_scale", v_scale, device)
-
-    # out [num_seqs, num_heads, head_size], query dtype, contiguous.
-    _require(_shape(out) == [num_seqs, num_heads, head_size], op,
-             f"out shape {_shape(out)} must be [{num_seqs}, {num_heads}, {head_size}] (query's)")
+    # ---- outputs ----
+    _require(_shape(out) == _shape(query), op,
+             f"out shape {_shape(out)} must be [num_seqs, num_heads, head_size] = {_shape(query)}")
     _require(out.dtype == query.dtype, op,
-             f"out dtype {out.dtype} must equal query dtype {query.dtype}")
-    _check_contiguous(op, "out", out)
-
-    named = [("out", out), ("key_cache", key_cache), ("value_cache", value_cache),
-             ("block_tables", block_tables), ("seq_lens", seq_lens)]
-    if alibi_slopes is not None:
-        named.append(("alibi_slopes", alibi_slopes))
-
+             f"out dtype {_dt(out.dtype)} must match query dtype {_dt(query.dtype)}")
+    _require(out.is_contiguous(), op, "out must be contiguous")
     if tmp_out is not None:  # v2 scratch
-        _require(tmp_out.dim() == 4 and _shape(tmp_out)[:2] == [num_seqs, num_heads]
-                 and tmp_out.size(3) == head_size, op,
-                 f"tmp_out shape {_shape(tmp_out)} must be "
-                 f"[{num_seqs}, {num_heads}, max_num_partitions, {head_size}]")
-        max_num_partitions = tmp_out.size(2)
-        for name, t in (("exp_sums", exp_sums), ("max_logits", max_logits)):
-            _require(_shape(t) == [num_seqs, num_heads, max_num_partitions], op,
-                     f"{name} shape {_shape(t)} must be "
-                     f"[{num_seqs}, {num_heads}, {max_num_partitions}] (max_num_partitions from tmp_out)")
-            _require(t.dtype == torch.float32, op, f"{name} must be float32, got {t.dtype}")
-            _check_contiguous(op, name, t)
-        _require(tmp_out.dtype == query.dtype, op,
-                 f"tmp_out dtype {tmp_out.dtype} must equal query dtype {query.dtype}")
-        _check_contiguous(op, "tmp_out", tmp_out)
-        named += [("exp_sums", exp_sums), ("max_logits", max_logits), ("tmp_out", tmp_out)]
+        _require(tmp_out.dim() == 4, op, f"tmp_out shape {_shape(tmp_out)} must be "
+                                         "[num_seqs, num_heads, max_num_partitions, head_size]")
+        num_partitions = tmp_out.size(2)
+        _require(num_partitions >= 1, op,
+                 f"tmp_out shape {_shape(tmp_out)} must have max_num_partitions >= 1")
+        _check_scratch(op, exp_sums, "exp_sums", num_seqs, num_heads, num_partitions, 0,
+                       query.dtype, query)
+        _check_scratch(op, max_logits, "max_logits", num_seqs, num_heads, num_partitions, 0,
+                       query.dtype, query)
+        _check_scratch(op, tmp_out, "tmp_out", num_seqs, num_heads, num_partitions, head_size,
+                       query.dtype, query)
 
-    for name, t in named:
-        _check_device(op, name, t, device)
+    # ---- optional inputs ----
+    if alibi_slopes is not None:
+        a = alibi_slopes
+        _require(a.dim() == 1 and a.size(0) == num_heads and a.dtype == torch.float32
+                 and a.is_contiguous(), op,
+                 f"alibi_slopes must be a contiguous float32 tensor of shape [num_heads = "
+                 f"{num_heads}], got dtype {_dt(a.dtype)} shape {_shape(a)}")
+        _check_same_device(op, query, "query", a, "alibi_slopes")
+    _check_scale(op, k_scale, "k_scale", query, "query")
+    _check_scale(op, v_scale, "v_scale", query, "query")
     return kind
 
 
 def check_attention_data(op, key_cache, block_tables, seq_lens, block_size, tmp_out=None):
-    """Data-dependent checks (reads block_tables and seq_lens; a host sync on CUDA).
-
-    0 <= seq_len <= max_blocks_per_seq * block_size, every USED block id (the first
-    ceil(seq_len / block_size) entries of a row) in [0, num_blocks), and for v2 (tmp_out given)
-    max_num_partitions >= ceil(seq_len / 512). Run after check_attention_args.
-    """
+    """Data-dependent checks (validate.cpp check_attention_data; reads block_tables and seq_lens,
+    a host sync on CUDA). Per row: 0 <= seq_len <= max_blocks_per_seq * block_size, (v2, tmp_out
+    given) max_num_partitions >= ceil(seq_len / 512), every USED block id (the first
+    ceil(seq_len / block_size) entries) in [0, num_blocks). Run after check_attention_args."""
     num_blocks = key_cache.size(0)
-    max_blocks_per_seq = block_tables.size(1)
-    capacity = max_blocks_per_seq * block_size
-    lens = seq_lens.cpu().tolist()
+    capacity = block_tables.size(1) * block_size
     table = block_tables.cpu()
-    for s, seq_len in enumerate(lens):
+    for s, seq_len in enumerate(seq_lens.cpu().tolist()):
         _require(seq_len >= 0, op, f"seq_lens[{s}] = {seq_len} is negative")
         _require(seq_len <= capacity, op,
-                 f"seq_lens[{s}] = {seq_len} exceeds max_blocks_per_seq * block_size = "
-                 f"{max_blocks_per_seq} * {block_size} = {capacity}")
+                 f"seq_lens[{s}] = {seq_len} exceeds the block table's capacity "
+                 f"max_blocks_per_seq * block_size = {capacity}")
+        if tmp_out is not None:
+            needed = math.ceil(seq_len / PARTITION_SIZE)
+            _require(needed <= tmp_out.size(2), op,
+                     f"max_num_partitions (tmp_out.size(2) = {tmp_out.size(2)}) is too small for "
+                     f"seq_lens[{s}] = {seq_len}, which needs {needed} partitions of "
+                     f"{PARTITION_SIZE} tokens")
         used = table[s, :math.ceil(seq_len / block_size)]
         bad = ((used < 0) | (used >= num_blocks)).nonzero()
         if bad.numel():
-            j = int(bad[0, 0])
-            _fail(op, f"block_tables[{s}, {j}] = {int(used[j])} is out of range "
-                      f"[0, {num_blocks}) (num_blocks of the cache)")
-    if tmp_out is not None and lens:
-        needed = math.ceil(max(lens) / PARTITION_SIZE)
-        _require(tmp_out.size(2) >= needed, op,
-                 f"max_num_partitions ({tmp_out.size(2)}, tmp_out.size(2)) is too small for "
-                 f"seq_len {max(lens)} (needs ceil({max(lens)} / {PARTITION_SIZE}) = {needed})")
+            b = int(bad[0, 0])
+            _fail(op, f"block_tables[{s}, {b}] = {int(used[b])} is out of range "
+                      f"[0, num_blocks = {num_blocks})")
 
 
 def check_cache_args(op, key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
                      k_scale, v_scale):
-    """reshape_and_cache shape/dtype/device/stride checks; reads no data. Returns the cache kind.
-
-    key, value [num_tokens, num_kv_heads, head_size] (last dim contiguous), slot_mapping int64
-    [num_tokens], caches as for attention.
-    """
+    """reshape_and_cache shape/dtype/device/stride checks (validate.cpp make_cache_params); reads
+    no data. key, value [num_tokens, num_kv_heads, head_size] (last dim contiguous), slot_mapping
+    int64 [num_tokens], caches as for attention. Returns the cache kind."""
     kind = parse_kv_cache_dtype(op, kv_cache_dtype)
     _require(key.dim() == 3, op,
              f"key shape {_shape(key)} must be [num_tokens, num_kv_heads, head_size]")
+    _require(key.dtype in QUERY_DTYPES, op,
+             f"key dtype {_dt(key.dtype)} must be float32, float16 or bfloat16")
     _require(_shape(value) == _shape(key), op,
              f"value shape {_shape(value)} must equal key shape {_shape(key)}")
-    _require(key.dtype in QUERY_DTYPES, op,
-             f"key dtype {key.dtype} must be float32, float16 or bfloat16")
     _require(value.dtype == key.dtype, op,
-             f"value dtype {value.dtype} must equal key dtype {key.dtype}")
-    for name, t in (("key", key), ("value", value)):
-        _require(t.stride(2) == 1, op,
-                 f"{name} must be contiguous in its last dim (stride {list(t.stride())})")
-    num_tokens, num_kv_heads, head_size = key.shape
-    device = key.device
-
-    _check_caches(op, key_cache, value_cache, kind, key.dtype, "key", num_kv_heads, head_size,
-                  key_cache.size(3) if key_cache.dim() == 5 else -1)
-    _require(slot_mapping.dtype == torch.int64, op,
-             f"slot_mapping must be int64, got {slot_mapping.dtype}")
-    _require(slot_mapping.dim() == 1 and slot_mapping.size(0) == num_tokens, op,
-             f"slot_mapping shape {_shape(slot_mapping)} must be [num_tokens={num_tokens}]")
-    _check_contiguous(op, "slot_mapping", slot_mapping)
-    _check_scale(op, "k_scale", k_scale, device, ref="key")
-    _check_scale(op, "v_scale", v_scale, device, ref="key")
+             f"value dtype {_dt(value.dtype)} must match key dtype {_dt(key.dtype)}")
+    _require(key.stride(2) == 1 and value.stride(2) == 1, op,
+             f"key and value must have a contiguous last dim (got strides {list(key.stride())} "
+             f"and {list(value.stride())})")
     for name, t in (("value", value), ("key_cache", key_cache), ("value_cache", value_cache),
                     ("slot_mapping", slot_mapping)):
-        _check_device(op, name, t, device, ref="key")
+        _check_same_device(op, key, "key", t, name)
+    x = _check_caches(op, key_cache, value_cache, kind, key.dtype, "key")
+    num_tokens, num_kv_heads, head_size = key.shape
+    _require(num_kv_heads == key_cache.size(1), op,
+             f"key shape {_shape(key)} does not match key_cache "
+             f"(num_kv_heads = {key_cache.size(1)})")
+    _check_head_size(op, head_size, key_cache, value_cache, x)
+    _require(slot_mapping.dtype == torch.int64, op,
+             f"slot_mapping must be int64, got {_dt(slot_mapping.dtype)}")
+    _require(slot_mapping.dim() == 1 and slot_mapping.size(0) == num_tokens
+             and slot_mapping.is_contiguous(), op,
+             f"slot_mapping shape {_shape(slot_mapping)} must be [num_tokens = {num_tokens}] "
+             "and contiguous")
+    _check_scale(op, k_scale, "k_scale", key, "key")
+    _check_scale(op, v_scale, "v_scale", key, "key")
     return kind
 
 
 def check_cache_data(op, key_cache, slot_mapping):
-    """Every non-negative slot < num_blocks * block_size (reads slot_mapping; a sync on CUDA)."""
-    capacity = key_cache.size(0) * key_cache.size(3)
+    """Every slot < num_blocks * block_size (negative: padding, skipped). Reads slot_mapping."""
+    num_slots = key_cache.size(0) * key_cache.size(3)
     slots = slot_mapping.cpu()
-    bad = (slots >= capacity).nonzero()
+    bad = (slots >= num_slots).nonzero()
     if bad.numel():
         i = int(bad[0, 0])
         _fail(op, f"slot_mapping[{i}] = {int(slots[i])} is out of range "
-                  f"(num_blocks * block_size = {capacity})")
+                  f"[0, num_blocks * block_size = {num_slots})")
