@@ -1,0 +1,128 @@
+"""The op registry: C++ and Python schemas agree, overloads resolve as documented, the PyTorch
+implementation serves when the extension is absent, and the Python API / README example work."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import paged_attention_ext as pa
+from paged_attention_ext import reference, schemas, testing
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _op(name):
+    base, _, overload = name.partition(".")
+    return getattr(getattr(torch.ops.paged_attn, base), overload or "default")
+
+
+@pytest.mark.parametrize("name,signature", schemas.SCHEMAS)
+def test_registered_schema_equals_python_list(name, signature):
+    expected = torch._C.parse_schema(f"{schemas.LIBRARY}::{name}{signature}")
+    assert str(_op(name)._schema) == str(expected)
+
+
+def test_tensor_overload_is_tried_first():
+    # ops.cpp / schemas.py register .scale_tensor first so that tensors reach it (see DESIGN.md)
+    for base in ("v1", "v2", "reshape_and_cache"):
+        assert getattr(torch.ops.paged_attn, base).overloads()[0] == "scale_tensor"
+
+
+class _RecordOverloads(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.called = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "paged_attn":
+            self.called.append(func._overloadname)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("scale_as_tensor,expected", [(False, "default"), (True, "scale_tensor")])
+def test_scale_argument_picks_overload(scale_as_tensor, expected):
+    inputs = testing.make_attention_inputs(2, 4, 2, 64, 16, [17, 40], kv_cache_dtype="fp8",
+                                           scale_as_tensor=scale_as_tensor, seed=1)
+    outputs = testing.alloc_v2_outputs(inputs)
+    with _RecordOverloads() as mode:
+        testing.call_v2(torch.ops.paged_attn.v2, inputs, outputs)
+    assert mode.called == [expected]
+    expected_outputs = testing.call_v2(reference.paged_attention_v2, inputs,
+                                       testing.alloc_v2_outputs(inputs))
+    testing.assert_v2_matches(outputs, expected_outputs, inputs.seq_lens_list, inputs.dtype)
+
+
+def test_pytorch_implementation_serves_without_extension():
+    script = (
+        "import torch, paged_attention_ext as pa\n"
+        "from paged_attention_ext import testing, reference\n"
+        "assert not pa.extension_loaded(), 'extension should be disabled'\n"
+        "i = testing.make_attention_inputs(3, 8, 2, 32, 8, [1, 600, 33], dtype=torch.bfloat16)\n"
+        "got = testing.call_v2(torch.ops.paged_attn.v2, i, testing.alloc_v2_outputs(i))\n"
+        "ref = testing.call_v2(reference.paged_attention_v2, i, testing.alloc_v2_outputs(i))\n"
+        "testing.assert_v2_matches(got, ref, i.seq_lens_list, i.dtype)\n"
+        "print(torch.ops.paged_attn.v1.default._schema)\n"
+    )
+    env = dict(os.environ, PAGED_ATTN_DISABLE_EXTENSION="1")
+    result = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "paged_attn::v1(Tensor(a!) out" in result.stdout
+
+
+@pytest.mark.parametrize("version", ["v1", "v2", "auto"])
+def test_api_paged_attention_matches_oracle(version):
+    inputs = testing.make_attention_inputs(3, 8, 2, 64, 16, [513, 1, 77], dtype=torch.float16,
+                                           seed=2)
+    out = pa.paged_attention(inputs.query, inputs.key_cache, inputs.value_cache,
+                             inputs.block_tables, inputs.seq_lens, max_seq_len=513,
+                             scale=inputs.scale, version=version, validate=True)
+    expected = testing.call_v1(reference.paged_attention_v1, inputs,
+                               testing.alloc_v1_outputs(inputs))
+    testing.assert_out_matches(out, expected, inputs.dtype)
+
+
+def test_api_validate_rejects_bad_block_id():
+    inputs = testing.make_attention_inputs(2, 4, 4, 32, 8, [9, 20], seed=3)
+    inputs.block_tables[1, 2] = inputs.num_blocks  # used: ceil(20 / 8) = 3 blocks
+    with pytest.raises(ValueError, match=r"block_tables.* out of range"):
+        pa.paged_attention(inputs.query, inputs.key_cache, inputs.value_cache,
+                           inputs.block_tables, inputs.seq_lens, validate=True)
+
+
+def test_api_version_and_partitions():
+    assert pa.api.num_partitions(0) == 1 and pa.api.num_partitions(513) == 2
+    assert pa.api.use_v1(512, 1, 8) and not pa.api.use_v1(513, 1, 8)
+    assert pa.api.use_v1(4096, 64, 32) and not pa.api.use_v1(8193, 64, 32)
+
+
+@pytest.mark.parametrize("kv_cache_dtype,storage,x", [("auto", torch.bfloat16, 8),
+                                                      ("fp8_e5m2", torch.uint8, 16)])
+def test_allocate_kv_cache_layout(kv_cache_dtype, storage, x):
+    k, v = pa.allocate_kv_cache(10, 4, 128, 16, dtype=torch.bfloat16,
+                                kv_cache_dtype=kv_cache_dtype)
+    assert k.shape == (10, 4, 128 // x, 16, x) and v.shape == (10, 4, 128, 16)
+    assert k.dtype == v.dtype == storage
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        pa.allocate_kv_cache(1, 1, 64, 16, kv_cache_dtype="int4")
+
+
+def test_readme_example_runs():
+    readme = (ROOT / "README.md").read_text()
+    code = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
+    namespace = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    out = namespace["out"]
+    assert out.shape == (1, 32, 128) and torch.isfinite(out).all()
+    # the same attention computed densely: the 40 cached tokens, GQA group of 4
+    k = namespace["k"].float()  # [40, kv_heads, head_size]
+    q = namespace["query"].float()[0].view(8, 4, 128)  # [kv_heads, group, head_size]
+    probs = torch.softmax(torch.einsum("hgd,thd->hgt", q, k) / 128 ** 0.5, dim=-1)
+    dense = torch.einsum("hgt,thd->hgd", probs, k).reshape(1, 32, 128)
+    torch.testing.assert_close(out.float(), dense, atol=3e-2, rtol=3e-2)
