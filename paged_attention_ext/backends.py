@@ -1,0 +1,236 @@
+"""Which implementations of torch.ops.paged_attn.* exist in this process, and how to call each.
+
+One job: detection. `detect()` answers `info`; `active_backends()` lists what `check` runs.
+Detection reads the dispatcher (which dispatch key has a kernel, and whether the kernel was
+registered from C++ or from Python), so it works whether or not the package's __init__ offers a
+helper; if the lead's package grows its own `backends()` API, only this file changes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import struct
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any, Optional
+
+import torch
+
+OPS = ("v1", "v2", "reshape_and_cache")
+_LIB = "paged_attn"
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One implementation `check` and `bench` can call. `ops` has v1 / v2 / reshape_and_cache
+    with torch.ops.paged_attn's argument lists (float k_scale / v_scale overload)."""
+
+    name: str    # "cpu-kernel", "cuda-kernel", "python-fallback"
+    device: str  # "cpu" or "cuda": where its input tensors live
+    ops: Any
+    detail: str = ""
+
+
+@dataclass
+class KeyInfo:
+    """What the dispatcher holds for one op under one dispatch key."""
+
+    registered: bool
+    origin: str  # "C++", "Python" or "" (not registered)
+    where: str   # "file:line" the registration came from
+
+
+@dataclass
+class Detection:
+    torch_version: str
+    torch_cuda: Optional[str]
+    cuda_available: bool
+    cpu_capability: str
+    extension_loaded: bool
+    extension_error: str
+    extension_path: str
+    ops_registered: bool
+    kernels: dict = field(default_factory=dict)  # op -> {dispatch key -> KeyInfo}
+    cuda_archs: list = field(default_factory=list)  # archs compiled into _C ("sm_90", ...)
+    fallback_available: bool = False
+    reference_available: bool = False
+
+
+def _import(name: str):
+    """(module or None, error text)."""
+    try:
+        return importlib.import_module(name), ""
+    except Exception as exc:  # a broken build must not stop `info`
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def _op_exists(op: str) -> bool:
+    try:
+        torch._C._dispatch_find_schema_or_throw(f"{_LIB}::{op}", "")
+        return True
+    except RuntimeError:
+        return False
+
+
+def _key_info(op: str, key: str) -> KeyInfo:
+    """Is a kernel registered for exactly this dispatch key, and from which language?
+    _dispatch_dump lines read 'CPU: registered at /path/file.cpp:42 :: ...'."""
+    qualified = f"{_LIB}::{op}"
+    if not _op_exists(op) or not torch._C._dispatch_has_kernel_for_dispatch_key(qualified, key):
+        return KeyInfo(False, "", "")
+    match = re.search(rf"^{key}(?:\[alias\])?: registered at (\S+)", torch._C._dispatch_dump(qualified),
+                      re.MULTILINE)
+    where = match.group(1) if match else "?"
+    origin = "Python" if re.search(r"\.py(:\d+)?$", where) else "C++"
+    return KeyInfo(True, origin, where)
+
+
+def compiled_kernel(op: str, key: str) -> bool:
+    """True when a C++/CUDA kernel (not a Python registration) serves `op` under `key`."""
+    info = _key_info(op, key)
+    return info.registered and info.origin == "C++"
+
+
+# -- CUDA archs compiled into the extension --------------------------------------------------
+# A CUDA fatbinary starts with magic 0xBA55ED50 (u32), version (u16), header size (u16),
+# payload size (u64). Each entry then has: kind (u16: 1 PTX, 2 ELF cubin), version (u16),
+# header size (u32), padded payload size (u64), ..., the SM number (u32) at byte 28.
+_FATBIN_MAGIC = struct.pack("<I", 0xBA55ED50)
+
+
+def fatbin_archs(blob: bytes) -> list:
+    """Sorted 'sm_XX' (cubin) and 'compute_XX' (PTX) names found in a shared library's fatbins."""
+    found = set()
+    start = blob.find(_FATBIN_MAGIC)
+    while start != -1:
+        try:
+            _, _, header_size, fat_size = struct.unpack_from("<IHHQ", blob, start)
+            pos, end = start + header_size, start + header_size + fat_size
+            while pos + 32 <= min(end, len(blob)):
+                kind, _, entry_header, padded = struct.unpack_from("<HHIQ", blob, pos)
+                sm = struct.unpack_from("<I", blob, pos + 28)[0]
+                if kind not in (1, 2) or entry_header == 0 or not 10 <= sm < 1000:
+                    break
+                found.add(("sm_" if kind == 2 else "compute_") + str(sm))
+                pos += entry_header + padded
+        except struct.error:
+            pass
+        start = blob.find(_FATBIN_MAGIC, start + 4)
+    return sorted(found, key=lambda a: (int(a.split("_")[1]), a))
+
+
+def _extension_path(module) -> str:
+    return getattr(module, "__file__", "") or ""
+
+
+def detect() -> Detection:
+    """Everything `info` prints. Importing the package registers the ops (C++ via _C, and the
+    Python fallback); nothing here runs a kernel."""
+    _import("paged_attention_ext")
+    ext, ext_error = _import("paged_attention_ext._C")
+    det = Detection(
+        torch_version=torch.__version__,
+        torch_cuda=torch.version.cuda,
+        cuda_available=torch.cuda.is_available(),
+        cpu_capability=torch.backends.cpu.get_cpu_capability(),
+        extension_loaded=ext is not None,
+        extension_error=ext_error,
+        extension_path=_extension_path(ext) if ext else "",
+        ops_registered=all(_op_exists(op) for op in OPS),
+    )
+    for op in OPS:
+        det.kernels[op] = {key: _key_info(op, key)
+                           for key in ("CPU", "CUDA", "CompositeExplicitAutograd", "Meta")}
+    if det.extension_path and os.path.exists(det.extension_path):
+        with open(det.extension_path, "rb") as f:
+            det.cuda_archs = fatbin_archs(f.read())
+    det.fallback_available = _import("paged_attention_ext.fallback")[0] is not None
+    det.reference_available = _import("paged_attention_ext.reference")[0] is not None
+    return det
+
+
+def _fallback_ops() -> Optional[Any]:
+    """The Python fallback's functions, callable directly (bypassing the dispatcher), if the
+    fallback module exposes them under the op names."""
+    module, _ = _import("paged_attention_ext.fallback")
+    if module is None:
+        return None
+    names = {op: getattr(module, op, None) or getattr(module, f"paged_attention_{op}", None)
+             for op in OPS}
+    if not all(callable(fn) for fn in names.values()):
+        return None
+    return SimpleNamespace(**names)
+
+
+def active_backends(det: Optional[Detection] = None) -> list:
+    """The implementations that can run here. The Python fallback is listed on its own when
+    a compiled CPU kernel hides it from torch.ops; otherwise torch.ops on CPU *is* the fallback."""
+    det = det or detect()
+    if not det.ops_registered:
+        return []
+    backends = []
+    cpu_compiled = all(compiled_kernel(op, "CPU") for op in OPS)
+    if cpu_compiled:
+        backends.append(Backend("cpu-kernel", "cpu", torch.ops.paged_attn,
+                                f"C++ CPU kernel, SIMD {det.cpu_capability}"))
+        fallback = _fallback_ops()
+        if fallback is not None:
+            backends.append(Backend("python-fallback", "cpu", fallback, "called directly"))
+    else:
+        backends.append(Backend("python-fallback", "cpu", torch.ops.paged_attn,
+                                "via torch.ops (no compiled CPU kernel)"))
+    if det.cuda_available:
+        cuda_compiled = all(compiled_kernel(op, "CUDA") for op in OPS)
+        name = "cuda-kernel" if cuda_compiled else "python-fallback-cuda"
+        detail = ("archs " + ", ".join(det.cuda_archs)) if cuda_compiled else "no compiled CUDA kernel"
+        backends.append(Backend(name, "cuda", torch.ops.paged_attn, detail))
+    return backends
+
+
+def op_backend_name(device: str) -> str:
+    """What torch.ops.paged_attn.v2 runs on `device`: 'C++ kernel' or 'Python fallback'."""
+    key = "CUDA" if device.startswith("cuda") else "CPU"
+    return "C++ kernel" if compiled_kernel("v2", key) else "Python fallback"
+
+
+
+def describe(det: Detection) -> list:
+    """(topic, text) lines for `info`."""
+    lines = [("torch", f"{det.torch_version} (CUDA build: {det.torch_cuda or 'no'}, "
+                       f"CUDA device: {'yes' if det.cuda_available else 'no'})"),
+             ("CPU SIMD", det.cpu_capability)]
+    if det.extension_loaded:
+        lines.append(("extension _C", f"loaded from {det.extension_path}"))
+    else:
+        lines.append(("extension _C", f"not loaded ({det.extension_error or 'not built'})"))
+    if not det.ops_registered:
+        lines.append(("torch.ops.paged_attn", "NOT registered"))
+        return lines
+    for op in OPS:
+        keys = det.kernels[op]
+        parts = []
+        for key in ("CPU", "CUDA", "CompositeExplicitAutograd", "Meta"):
+            info = keys[key]
+            if info.registered:
+                parts.append(f"{key}: {info.origin}")
+        lines.append((f"paged_attn::{op}", ", ".join(parts) or "no kernels"))
+    cpu = all(compiled_kernel(op, "CPU") for op in OPS)
+    cuda = all(compiled_kernel(op, "CUDA") for op in OPS)
+    lines.append(("CPU backend", f"compiled kernel, SIMD {det.cpu_capability}" if cpu
+                  else "PyTorch fallback (no compiled CPU kernel)"))
+    if cuda:
+        archs = ", ".join(det.cuda_archs) or "archs unknown"
+        state = "active" if det.cuda_available else "inactive: no CUDA device"
+        lines.append(("CUDA backend", f"compiled kernel ({archs}); {state}"))
+    else:
+        state = "PyTorch fallback" if det.cuda_available else "inactive: no CUDA device"
+        lines.append(("CUDA backend", f"not compiled; {state}"))
+    lines.append(("oracle", "paged_attention_ext.reference" if det.reference_available
+                  else "MISSING"))
+    lines.append(("fallback", "PyTorch implementation registered as CompositeExplicitAutograd "
+                  "(serves devices with no compiled kernel)"))
+    lines.append(("check runs", ", ".join(f"{b.name} ({b.device})" for b in active_backends(det))
+                  or "nothing"))
+    return lines

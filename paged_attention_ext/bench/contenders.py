@@ -1,0 +1,114 @@
+"""The implementations the benchmark races, each as `prepare(work) -> run() -> out`.
+
+`prepare` allocates outputs and scratch (and, for dense SDPA, the contiguous K/V) outside the
+timed region; `run` is one decode step and returns out [batch, heads, head].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .. import reference
+from ..api import num_partitions, use_v1
+from .workload import Workload, decode
+
+
+@dataclass(frozen=True)
+class Contender:
+    name: str
+    ours: bool                                   # one of our ops (speedups are relative to it)
+    prepare: Callable[[Workload], Callable[[], torch.Tensor]]
+    description: str
+    devices: tuple = ("cpu", "cuda")
+
+
+def _v2_buffers(work: Workload):
+    s = work.shape
+    parts = num_partitions(work.max_seq_len)
+    dev = work.query.device
+    out = torch.empty_like(work.query)
+    exp_sums = torch.empty(s.batch, s.heads, parts, dtype=torch.float32, device=dev)
+    max_logits = torch.empty_like(exp_sums)
+    tmp_out = torch.empty(s.batch, s.heads, parts, s.head, dtype=work.query.dtype, device=dev)
+    return out, exp_sums, max_logits, tmp_out
+
+
+def _common(work: Workload) -> tuple:
+    s = work.shape
+    return (work.query, work.key_cache, work.value_cache, s.kv_heads, work.scale,
+            work.block_tables, work.seq_lens, s.block, work.max_seq_len, None,
+            work.kv_cache_dtype, work.k_scale, work.v_scale)
+
+
+def _prepare_v1(fn):
+    def prepare(work):
+        out = torch.empty_like(work.query)
+        args = _common(work)
+        return lambda: (fn(out, *args), out)[1]
+    return prepare
+
+
+def _prepare_v2(fn):
+    def prepare(work):
+        bufs = _v2_buffers(work)
+        args = _common(work)
+        return lambda: (fn(*bufs, *args), bufs[0])[1]
+    return prepare
+
+
+def _gather_dense(work: Workload):
+    """K, V of every sequence as [batch, kv_heads, ctx, head] (query dtype), through the block
+    tables: what a PyTorch user without a paged kernel writes."""
+    s = work.shape
+    tables = work.block_tables.long()                                  # [B, nb]
+    k = work.key_cache[tables]                                         # [B, nb, kvh, d/x, bs, x]
+    k = k.permute(0, 2, 1, 4, 3, 5).reshape(s.batch, s.kv_heads, -1, s.head)[:, :, :s.ctx]
+    v = work.value_cache[tables]                                       # [B, nb, kvh, d, bs]
+    v = v.permute(0, 2, 1, 4, 3).reshape(s.batch, s.kv_heads, -1, s.head)[:, :, :s.ctx]
+    return decode(k, work, work.k_scale), decode(v, work, work.v_scale)
+
+
+def _sdpa(work: Workload, k, v) -> torch.Tensor:
+    """Every sequence is ctx long (no mask needed). q [B, H, 1, d] over k, v [B, kvh, L, d]."""
+    q = work.query.unsqueeze(2)
+    out = F.scaled_dot_product_attention(q, k, v, scale=work.scale, enable_gqa=True)
+    return out.squeeze(2)
+
+
+def _prepare_gather_sdpa(work):
+    return lambda: _sdpa(work, *_gather_dense(work))
+
+
+def _prepare_dense_sdpa(work):
+    k, v = (t.contiguous() for t in _gather_dense(work))  # built once, outside the timing
+    return lambda: _sdpa(work, k, v)
+
+
+def vllm_pick(work: Workload) -> str:
+    s = work.shape
+    return "v1" if use_v1(work.max_seq_len, s.batch, s.heads) else "v2"
+
+
+CONTENDERS = {
+    "ours-v2": Contender("ours-v2", True, _prepare_v2(torch.ops.paged_attn.v2),
+                         "torch.ops.paged_attn.v2"),
+    "ours-v1": Contender("ours-v1", True, _prepare_v1(torch.ops.paged_attn.v1),
+                         "torch.ops.paged_attn.v1"),
+    "oracle": Contender("oracle", False, _prepare_v2(reference.paged_attention_v2),
+                        "paged_attention_ext.reference.paged_attention_v2 (pure PyTorch)"),
+    "gather-sdpa": Contender("gather-sdpa", False, _prepare_gather_sdpa,
+                             "gather K/V through block tables + F.scaled_dot_product_attention"),
+    "sdpa-dense": Contender("sdpa-dense", False, _prepare_dense_sdpa,
+                            "F.scaled_dot_product_attention on contiguous K/V (no paging; "
+                            "a lower bound for dense attention)"),
+}
+DEFAULT_CPU = ("ours-v2", "ours-v1", "oracle", "gather-sdpa")
+DEFAULT_CUDA = DEFAULT_CPU + ("sdpa-dense",)
+
+
+def default_contenders(device: str) -> tuple:
+    return DEFAULT_CUDA if device == "cuda" else DEFAULT_CPU

@@ -1,0 +1,55 @@
+"""Facts about the machine and process a benchmark figure depends on (printed and stored in
+the JSON beside the numbers)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+
+import torch
+
+from ..backends import op_backend_name
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def omp_wait_policy_at_start() -> str:
+    """OMP_WAIT_POLICY as the process started (libgomp reads it once, when torch loads it):
+    /proc/self/environ holds the environment of exec, not later os.environ edits."""
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            for item in f.read().split(b"\0"):
+                if item.startswith(b"OMP_WAIT_POLICY="):
+                    return item.split(b"=", 1)[1].decode()
+        return "unset"
+    except OSError:
+        return os.environ.get("OMP_WAIT_POLICY", "unset")
+
+
+def machine_info(device: str) -> dict:
+    info = {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "host_cpu": _cpu_model(),
+        "cpu_cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "omp_wait_policy": omp_wait_policy_at_start(),
+        "device": device,
+        "op_backend": op_backend_name(device),
+    }
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        info.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1),
+                    cuda=torch.version.cuda)
+    return info

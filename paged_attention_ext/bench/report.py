@@ -1,0 +1,102 @@
+"""Benchmark results as a rich table (terminal), a Markdown table (docs) and JSON (machines)."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+from .memory import MEMORY_METHOD
+from .runner import BenchResult
+from .timing import FULL, QUICK
+
+COLUMNS = ("shape", "contender", "ms (median)", "spread", "GB/s", "% read BW", "ours x",
+           "max err", "ok", "peak MiB", "note")
+
+
+def to_dict(result: BenchResult, machine: dict) -> dict:
+    c = result.config
+    plan = FULL if c.full else QUICK
+    return {
+        "machine": machine,
+        "config": {"device": c.device, "dtype": str(c.dtype).replace("torch.", ""),
+                   "kv_cache_dtype": c.kv_cache_dtype, "mode": "full" if c.full else "quick",
+                   "contenders": list(c.contenders), "seed": c.seed,
+                   "timing": {"warmup": plan.warmup, "max_reps": plan.max_reps,
+                              "min_reps": plan.min_reps, "budget_s": plan.budget_s,
+                              "statistic": "median", "caches": "flushed before every call"}},
+        "bandwidth": result.bandwidth.as_dict(),
+        "memory_method": MEMORY_METHOD.get(c.device, "not measured"),
+        "bytes_counted": "K and V of every token once (fp8: 1 byte) + query + out",
+        "results": result.rows,
+    }
+
+
+def write_json(path: str, data: dict):
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")
+
+
+def _fmt(value: Optional[float], spec: str, empty: str = "-") -> str:
+    return empty if value is None else format(value, spec)
+
+
+def _cells(row: dict) -> list:
+    timing = row.get("timing")
+    spread = None
+    if timing and timing["median_ms"] > 0:
+        spread = 100.0 * (timing["q3_ms"] - timing["q1_ms"]) / timing["median_ms"]
+    peak = row.get("peak_mem_bytes")
+    contender = row["contender"] + (" *" if row["contender"] == f"ours-{row['vllm_pick']}" else "")
+    ok = {True: "yes", False: "FAIL", None: "-"}[row.get("correct")]
+    return [row["label"], contender, _fmt(row["median_ms"], ".3f"),
+            _fmt(spread, ".0f") + ("%" if spread is not None else ""), _fmt(row["gbps"], ".1f"),
+            _fmt(row["pct_of_read_bw"], ".0f"), _fmt(row.get("speedup"), ".2f"),
+            _fmt(row.get("max_abs_err"), ".1e"), ok,
+            _fmt(None if peak is None else peak / 2**20, ".1f"), row.get("note", "")]
+
+
+def header_lines(data: dict) -> list:
+    m, c, bw = data["machine"], data["config"], data["bandwidth"]
+    where = m.get("gpu") or f"{m['host_cpu']}, {m['cpu_cores']} cores"
+    return [
+        f"{m['date']}  {where}  torch {m['torch']}  threads {m['torch_threads']}  "
+        f"SIMD {m['cpu_capability']}  OMP_WAIT_POLICY={m['omp_wait_policy']}",
+        f"device {c['device']}  dtype {c['dtype']}  kv_cache_dtype {c['kv_cache_dtype']}  "
+        f"mode {c['mode']}  torch.ops.paged_attn runs: {m['op_backend']}",
+        f"measured bandwidth: read {bw['read_gbps']:.1f} GB/s (sum), copy {bw['copy_gbps']:.1f} "
+        f"GB/s (read+write), buffer {bw['buffer_bytes'] / 2**20:.0f} MiB",
+        "ours x = contender time / time of our op vLLM would pick (marked *); "
+        "spread = interquartile range / median; peak = " + data["memory_method"],
+    ]
+
+
+def print_table(data: dict, console=None):
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    for line in header_lines(data):
+        console.print(line, highlight=False, markup=False)
+    table = Table(show_lines=False)
+    for name in COLUMNS:
+        table.add_column(name, justify="left" if name in ("shape", "contender", "note", "ok")
+                         else "right", overflow="fold")
+    last_label = None
+    for row in data["results"]:
+        if last_label is not None and row["label"] != last_label:
+            table.add_section()
+        last_label = row["label"]
+        cells = _cells(row)
+        style = "bold red" if row.get("correct") is False else ("bold" if row["ours"] else None)
+        table.add_row(*cells, style=style)
+    console.print(table)
+
+
+def to_markdown(data: dict) -> str:
+    lines = [f"- {line}" for line in header_lines(data)] + [""]
+    lines.append("| " + " | ".join(COLUMNS) + " |")
+    lines.append("|" + "---|" * len(COLUMNS))
+    for row in data["results"]:
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in _cells(row)) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,164 @@
+"""One benchmark run: bandwidth first, then for every shape and contender a correctness check
+against the oracle followed by the timing. Returns plain dicts (report.py prints them).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from .. import reference
+from ..api import num_partitions
+from ..testing import tolerances
+from .bandwidth import Bandwidth, measure_bandwidth
+from .contenders import CONTENDERS, vllm_pick
+from .memory import peak_extra_bytes
+from .presets import Shape
+from .timing import FULL, QUICK, CacheFlusher, time_call
+from .workload import Workload, make_workload
+
+
+@dataclass
+class BenchConfig:
+    device: str
+    dtype: torch.dtype
+    kv_cache_dtype: str
+    shapes: list
+    contenders: tuple
+    full: bool = False
+    seed: int = 0
+    # A non-ours contender whose single checking call took longer than this is not timed.
+    skip_timing_after_s: float = 3.0
+
+
+@dataclass
+class BenchResult:
+    config: BenchConfig
+    bandwidth: Bandwidth
+    rows: list = field(default_factory=list)  # one dict per (shape, contender)
+
+
+def _oracle_out(work: Workload) -> tuple:
+    """The oracle's out for this workload, and how long it took."""
+    parts = num_partitions(work.max_seq_len)
+    s = work.shape
+    out = torch.empty_like(work.query)
+    exp_sums = torch.empty(s.batch, s.heads, parts, dtype=torch.float32, device=work.query.device)
+    tmp_out = torch.empty(s.batch, s.heads, parts, s.head, dtype=work.query.dtype,
+                          device=work.query.device)
+    begin = time.perf_counter()
+    reference.paged_attention_v2(out, exp_sums, torch.empty_like(exp_sums), tmp_out, work.query,
+                                 work.key_cache, work.value_cache, s.kv_heads, work.scale,
+                                 work.block_tables, work.seq_lens, s.block, work.max_seq_len,
+                                 None, work.kv_cache_dtype, work.k_scale, work.v_scale)
+    _sync(work.query.device.type)
+    return out, time.perf_counter() - begin
+
+
+def _sync(device: str):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _check(name: str, run, expected: torch.Tensor, work: Workload, device: str) -> dict:
+    """One call of the contender: its error against the oracle, its peak extra memory, its time."""
+    holder = {}
+
+    def call():
+        holder["out"] = run()
+        _sync(device)
+
+    begin = time.perf_counter()
+    peak = peak_extra_bytes(call, device)
+    first_call_s = time.perf_counter() - begin
+    out = holder["out"]
+    atol, rtol = tolerances(work.query.dtype, work.kv_cache_dtype)
+    diff = (out.double() - expected.double()).abs()
+    max_err = float(diff.max()) if diff.numel() else 0.0
+    bound = atol + rtol * expected.double().abs()
+    ok = bool(torch.isfinite(out).all()) and bool((diff <= bound).all())
+    return {"max_abs_err": max_err, "atol": atol, "rtol": rtol, "correct": ok,
+            "peak_mem_bytes": peak, "first_call_s": first_call_s}
+
+
+def run_bench(config: BenchConfig, progress=None) -> BenchResult:
+    """progress: an object with .phase(text) and .advance(), or None."""
+    progress = progress or _NoProgress()
+    progress.phase("memory bandwidth")
+    bandwidth = measure_bandwidth(config.device, config.full)
+    progress.advance()
+    result = BenchResult(config, bandwidth)
+    plan = FULL if config.full else QUICK
+    flusher = CacheFlusher(config.device)
+    for shape in config.shapes:
+        result.rows.extend(_bench_shape(shape, config, plan, flusher, bandwidth, progress))
+    return result
+
+
+def _bench_shape(shape: Shape, config: BenchConfig, plan, flusher, bandwidth, progress) -> list:
+    progress.phase(f"{shape.label}: building inputs")
+    work = make_workload(shape, config.dtype, config.kv_cache_dtype, config.device, config.seed)
+    progress.phase(f"{shape.label}: oracle")
+    expected, oracle_s = _oracle_out(work)
+    nbytes = work.bytes_moved()
+    pick = vllm_pick(work)
+    rows = []
+    for name in config.contenders:
+        contender = CONTENDERS[name]
+        row = {"shape": shape.as_dict(), "label": shape.label, "contender": name,
+               "ours": contender.ours, "bytes": nbytes, "vllm_pick": pick,
+               "median_ms": None, "timing": None, "gbps": None, "pct_of_read_bw": None,
+               "note": ""}
+        if config.device not in contender.devices:
+            row["note"] = f"not available on {config.device}"
+            rows.append(row)
+            progress.advance()
+            continue
+        progress.phase(f"{shape.label}: {name} (check)")
+        run = contender.prepare(work)
+        row.update(_check(name, run, expected, work, config.device))
+        too_slow = max(row["first_call_s"], oracle_s if name == "oracle" else 0.0)
+        if not contender.ours and too_slow > config.skip_timing_after_s:
+            row["note"] = f"not timed: one call took {too_slow:.1f} s"
+        else:
+            progress.phase(f"{shape.label}: {name} (timing)")
+            timing = time_call(run, config.device, plan, flusher)
+            row.update(median_ms=timing.median_ms, timing=timing.as_dict(),
+                       gbps=nbytes / timing.median_ms / 1e6)
+            row["pct_of_read_bw"] = 100.0 * row["gbps"] / bandwidth.read_gbps
+        del run
+        rows.append(row)
+        progress.advance()
+    _add_speedups(rows, pick)
+    return rows
+
+
+def _add_speedups(rows: list, pick: str):
+    """speedup = contender time / our time, 'ours' being the op vLLM's rule would pick (the
+    other one if that was not run)."""
+    timed = {r["contender"]: r["median_ms"] for r in rows if r["median_ms"]}
+    ours_name = next((n for n in (f"ours-{pick}", "ours-v2", "ours-v1") if n in timed), None)
+    for r in rows:
+        r["speedup_ref"] = ours_name
+        r["speedup"] = (r["median_ms"] / timed[ours_name]
+                        if ours_name and r["median_ms"] else None)
+
+
+class _NoProgress:
+    def phase(self, text: str):
+        pass
+
+    def advance(self):
+        pass
+
+
+def total_steps(config: BenchConfig) -> int:
+    return 1 + len(config.shapes) * len(config.contenders)
+
+
+def any_incorrect(result: BenchResult) -> Optional[list]:
+    bad = [f"{r['label']} / {r['contender']}" for r in result.rows if r.get("correct") is False]
+    return bad or None

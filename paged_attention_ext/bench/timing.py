@@ -1,0 +1,115 @@
+"""Timing one callable: warm-up, then N timed calls with the caches made cold before each one,
+summarised by the median (and the spread, to judge the noise).
+
+CPU: the last-level cache is flushed before every call by writing a buffer twice its size (so K
+and V come from DRAM, as in a real decode step where the rest of the model ran in between), and
+each call is timed with perf_counter. CUDA: L2 flushed the same way, each call timed with a pair
+of CUDA events.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+
+@dataclass
+class Timing:
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    q1_ms: float
+    q3_ms: float
+    reps: int
+
+    @property
+    def spread(self) -> float:
+        """Interquartile range over the median: 0.05 means the middle half lies within +-2.5%."""
+        return (self.q3_ms - self.q1_ms) / self.median_ms if self.median_ms > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {"median_ms": self.median_ms, "min_ms": self.min_ms, "max_ms": self.max_ms,
+                "q1_ms": self.q1_ms, "q3_ms": self.q3_ms, "reps": self.reps}
+
+
+def cpu_llc_bytes() -> int:
+    """Size of the largest CPU cache (sysfs), 32 MiB if unknown."""
+    best = 0
+    for index in range(8):
+        path = f"/sys/devices/system/cpu/cpu0/cache/index{index}/size"
+        try:
+            text = open(path).read().strip().upper()
+        except OSError:
+            continue
+        mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1], 1)
+        best = max(best, int(text.rstrip("KMG")) * mult)
+    return best or (32 << 20)
+
+
+class CacheFlusher:
+    """Writes a buffer of twice the last-level cache; after that the cache holds none of the
+    benchmark's data."""
+
+    def __init__(self, device: str):
+        if device == "cuda":
+            size = 2 * torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+        else:
+            size = 2 * cpu_llc_bytes()
+        self.buffer = torch.empty(max(size, 1 << 20) // 4, dtype=torch.float32, device=device)
+
+    def __call__(self):
+        self.buffer.fill_(1.0)
+
+
+@dataclass(frozen=True)
+class TimingPlan:
+    warmup: int         # untimed calls first
+    max_reps: int       # timed calls at most
+    min_reps: int       # timed calls at least, whatever the budget
+    budget_s: float     # stop adding timed calls after this much wall time
+
+
+QUICK = TimingPlan(warmup=1, max_reps=7, min_reps=3, budget_s=1.5)
+FULL = TimingPlan(warmup=3, max_reps=30, min_reps=5, budget_s=10.0)
+
+
+def _summarise(times_ms: list) -> Timing:
+    ordered = sorted(times_ms)
+    if len(ordered) >= 2:
+        q1, _, q3 = statistics.quantiles(ordered, n=4, method="inclusive")
+    else:
+        q1 = q3 = ordered[0]
+    return Timing(statistics.median(ordered), ordered[0], ordered[-1], q1, q3, len(ordered))
+
+
+def time_call(fn: Callable[[], object], device: str, plan: TimingPlan,
+              flusher: Optional[CacheFlusher] = None) -> Timing:
+    """Median wall time of fn() with cold caches."""
+    flusher = flusher or CacheFlusher(device)
+    for _ in range(plan.warmup):
+        fn()
+    times_ms = []
+    started = time.perf_counter()
+    if device == "cuda":
+        torch.cuda.synchronize()
+        while len(times_ms) < plan.max_reps and (
+                len(times_ms) < plan.min_reps or time.perf_counter() - started < plan.budget_s):
+            flusher()
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times_ms.append(begin.elapsed_time(end))
+    else:
+        while len(times_ms) < plan.max_reps and (
+                len(times_ms) < plan.min_reps or time.perf_counter() - started < plan.budget_s):
+            flusher()
+            begin = time.perf_counter()
+            fn()
+            times_ms.append((time.perf_counter() - begin) * 1e3)
+    return _summarise(times_ms)

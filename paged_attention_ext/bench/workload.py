@@ -1,0 +1,96 @@
+"""The data of one benchmark shape: a paged KV cache with a shuffled block pool, queries, and the
+byte count the GB/s figures use.
+
+Layouts (docs/CONTRACT.md):
+  query        [batch, heads, head]
+  key_cache    [num_blocks, kv_heads, head // x, block, x]
+  value_cache  [num_blocks, kv_heads, head, block]
+  block_tables int32 [batch, ceil(ctx / block)]  (a random permutation of the pool: no locality)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from .presets import Shape
+
+FP8_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
+              "fp8_e5m2": torch.float8_e5m2}
+# Scales that keep N(0,1) data well inside each fp8 format's range.
+_FP8_SCALE = {"fp8": 0.05, "fp8_e4m3": 0.05, "fp8_e5m2": 0.05}
+
+
+@dataclass
+class Workload:
+    shape: Shape
+    query: torch.Tensor
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    scale: float
+    kv_cache_dtype: str
+    k_scale: float
+    v_scale: float
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.shape.ctx
+
+    def bytes_moved(self) -> int:
+        """Bytes a decode step must move at least: K and V of every token once (fp8: 1 byte an
+        element), the query read once and the output written once."""
+        s = self.shape
+        cache_elt = self.key_cache.element_size()
+        kv = 2 * s.batch * s.ctx * s.kv_heads * s.head * cache_elt
+        q_and_out = 2 * s.batch * s.heads * s.head * self.query.element_size()
+        return kv + q_and_out
+
+
+def _random_cache(shape, dtype, kv_cache_dtype, scale, device, gen):
+    """N(0,1) values in the cache's storage: the dtype itself, or fp8 bytes of value / scale."""
+    values = torch.randn(shape, generator=gen, device=device,
+                         dtype=torch.float32 if kv_cache_dtype != "auto" else dtype)
+    if kv_cache_dtype == "auto":
+        return values
+    fp8 = FP8_DTYPES[kv_cache_dtype]
+    return (values / scale).clamp(-torch.finfo(fp8).max, torch.finfo(fp8).max).to(fp8).view(torch.uint8)
+
+
+def make_workload(shape: Shape, dtype: torch.dtype, kv_cache_dtype: str, device: str,
+                  seed: int = 0, spare_blocks: Optional[int] = None) -> Workload:
+    if kv_cache_dtype != "auto" and kv_cache_dtype not in FP8_DTYPES:
+        raise ValueError(f"unknown kv_cache_dtype {kv_cache_dtype!r}")
+    gen = torch.Generator(device=device).manual_seed(seed)
+    elt = 1 if kv_cache_dtype != "auto" else torch.empty((), dtype=dtype).element_size()
+    x = 16 // elt
+    if shape.head % x:
+        raise ValueError(f"head size {shape.head} must be divisible by x = {x}")
+    blocks_per_seq = math.ceil(shape.ctx / shape.block)
+    used = shape.batch * blocks_per_seq
+    num_blocks = used + (spare_blocks if spare_blocks is not None else max(1, used // 16))
+    k_scale = v_scale = _FP8_SCALE.get(kv_cache_dtype, 1.0)
+
+    key_cache = _random_cache((num_blocks, shape.kv_heads, shape.head // x, shape.block, x),
+                              dtype, kv_cache_dtype, k_scale, device, gen)
+    value_cache = _random_cache((num_blocks, shape.kv_heads, shape.head, shape.block),
+                                dtype, kv_cache_dtype, v_scale, device, gen)
+    # Each sequence gets distinct random blocks of the pool.
+    perm = torch.randperm(num_blocks, generator=gen, device=device)[:used]
+    block_tables = perm.reshape(shape.batch, blocks_per_seq).to(torch.int32).contiguous()
+    seq_lens = torch.full((shape.batch,), shape.ctx, dtype=torch.int32, device=device)
+    query = torch.randn(shape.batch, shape.heads, shape.head, generator=gen, device=device,
+                        dtype=torch.float32).to(dtype)
+    return Workload(shape, query, key_cache, value_cache, block_tables, seq_lens,
+                    1.0 / math.sqrt(shape.head), kv_cache_dtype, k_scale, v_scale)
+
+
+def decode(cache: torch.Tensor, work: Workload, scale: float) -> torch.Tensor:
+    """Cache elements as the query dtype (fp8 bytes decoded and scaled)."""
+    if work.kv_cache_dtype == "auto":
+        return cache
+    return (cache.view(FP8_DTYPES[work.kv_cache_dtype]).to(torch.float32) * scale).to(work.query.dtype)

@@ -1,0 +1,175 @@
+"""`python -m paged_attention_ext` / `paged-attn`: info, check and bench.
+
+  info   torch version; which backends are compiled and active (CPU kernel and its SIMD level,
+         CUDA kernel and its archs, or the PyTorch fallback)
+  check  every active backend against the oracle on fresh random shapes; exit 1 on a mismatch
+  bench  decode-attention presets: bandwidth, correctness, time, GB/s, speedups (see
+         docs/PERFORMANCE.md)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Optional
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+_REEXEC_MARK = "PAGED_ATTN_BENCH_REEXEC"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="paged-attn", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("info", help="backends compiled and active here")
+
+    check = sub.add_parser("check", help="every active backend vs the oracle")
+    check.add_argument("--cases", type=int, default=3, help="random shapes per backend (3)")
+    check.add_argument("--seed", type=int, default=None, help="replay a run (printed by check)")
+
+    from .bench.presets import PRESET_NAMES  # light: no torch op is touched
+
+    bench = sub.add_parser("bench", help="time decode attention against the alternatives",
+                           description="Decode-attention benchmark; --quick (default) takes "
+                           "about a minute on 2 CPU cores.")
+    mode = bench.add_mutually_exclusive_group()
+    mode.add_argument("--quick", dest="full", action="store_false",
+                      help="short contexts, few repetitions (default)")
+    mode.add_argument("--full", dest="full", action="store_true",
+                      help="the full presets (contexts up to 100k), more repetitions")
+    bench.set_defaults(full=False)
+    bench.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                       help="default: cuda when available, else cpu")
+    bench.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
+                       help="query / cache dtype (default: float32 on cpu, bfloat16 on cuda)")
+    bench.add_argument("--kv-cache-dtype", default="auto",
+                       choices=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"))
+    bench.add_argument("--preset", action="append", choices=PRESET_NAMES, default=None,
+                       help="repeatable; default: the realistic presets for the device")
+    bench.add_argument("--shape", action="append", default=None, metavar="SPEC",
+                       help="custom shape, e.g. batch=8,heads=32,kv_heads=8,head=128,"
+                            "ctx=1k/4k,block=16 (repeatable)")
+    bench.add_argument("--contenders", default=None,
+                       help="comma-separated subset of: ours-v2, ours-v1, oracle, gather-sdpa, "
+                            "sdpa-dense")
+    bench.add_argument("--json", metavar="PATH", help="write all results as JSON")
+    bench.add_argument("--plot", metavar="FILE.png", help="GB/s vs context length (matplotlib)")
+    bench.add_argument("--markdown", metavar="PATH", help="write the table as Markdown")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--no-progress", action="store_true", help="no live progress display")
+    return parser
+
+
+def _console():
+    """rich console on stdout; 160 columns when stdout is a file or pipe (rich's default there is
+    80, which folds the tables)."""
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() or os.environ.get("COLUMNS") else Console(width=160)
+
+
+def _cmd_info(args) -> int:
+    from rich.table import Table
+
+    from .backends import describe, detect
+
+    table = Table(show_header=False, box=None)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    for topic, text in describe(detect()):
+        table.add_row(topic, text)
+    _console().print(table)
+    return EXIT_OK
+
+
+def _cmd_check(args) -> int:
+    from .selfcheck import print_report, run_checks
+
+    seed, backends, results = run_checks(num_cases=args.cases, seed=args.seed)
+    return EXIT_OK if print_report(seed, backends, results, _console()) else EXIT_FAIL
+
+
+def _bench_config(args):
+    import torch
+
+    from .bench import contenders, presets
+    from .bench.runner import BenchConfig
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available here")
+    dtype_name = args.dtype or ("bfloat16" if device == "cuda" else "float32")
+    shapes = []
+    if args.preset or not args.shape:
+        shapes += presets.preset_shapes(args.preset or presets.default_presets(device), args.full)
+    for spec in args.shape or ():
+        shapes += presets.parse_shape(spec)
+    names = (tuple(n.strip() for n in args.contenders.split(",") if n.strip())
+             if args.contenders else contenders.default_contenders(device))
+    unknown = [n for n in names if n not in contenders.CONTENDERS]
+    if unknown:
+        raise ValueError(f"unknown contender(s) {', '.join(unknown)}; choose from "
+                         f"{', '.join(contenders.CONTENDERS)}")
+    return BenchConfig(device=device, dtype=getattr(torch, dtype_name),
+                       kv_cache_dtype=args.kv_cache_dtype, shapes=shapes, contenders=names,
+                       full=args.full, seed=args.seed)
+
+
+def _cmd_bench(args) -> int:
+    from .bench import report
+    from .bench.machine import machine_info
+    from .bench.plot import PlotUnavailable, save_plot
+    from .bench.progress import progress_display
+    from .bench.runner import any_incorrect, run_bench, total_steps
+
+    try:
+        config = _bench_config(args)
+    except ValueError as exc:
+        print(f"paged-attn bench: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    with progress_display(total_steps(config), enabled=not args.no_progress) as progress:
+        result = run_bench(config, progress)
+    data = report.to_dict(result, machine_info(config.device))
+    report.print_table(data, _console())
+    if args.json:
+        report.write_json(args.json, data)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(report.to_markdown(data))
+    if args.plot:
+        try:
+            save_plot(data, args.plot)
+        except PlotUnavailable as exc:
+            print(f"paged-attn bench: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+    bad = any_incorrect(result)
+    if bad:
+        print("INCORRECT results (vs the oracle): " + "; ".join(bad), file=sys.stderr)
+        return EXIT_FAIL
+    return EXIT_OK
+
+
+def _reexec_with_passive_omp(argv: list):
+    """libgomp reads OMP_WAIT_POLICY once, when torch loads it, and torch is already loaded by
+    the time this runs (the package imports it). For `bench` started from the command line with
+    the variable unset, start the process again with OMP_WAIT_POLICY=PASSIVE: the default
+    spinning policy stalls small 2-thread regions by ~12 ms under load (PERF-NOTES.md)."""
+    if os.environ.get("OMP_WAIT_POLICY") or os.environ.get(_REEXEC_MARK):
+        return
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", **{_REEXEC_MARK: "1"})
+    sys.stdout.flush()
+    os.execve(sys.executable, [sys.executable, "-m", "paged_attention_ext", *argv], env)
+
+
+def main(argv: Optional[list] = None) -> int:
+    """Entry point of `paged-attn` (pyproject: paged-attn = "paged_attention_ext.cli:main").
+    argv None: the process's own arguments (and `bench` may re-exec itself, see above)."""
+    from_command_line = argv is None
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(argv)
+    if args.command == "bench" and from_command_line:
+        _reexec_with_passive_omp(argv)
+    handler = {"info": _cmd_info, "check": _cmd_check, "bench": _cmd_bench}[args.command]
+    return handler(args)
