@@ -1,0 +1,107 @@
+"""Property-based tests: hypothesis draws shapes and contents within the contract and every
+backend must agree with the oracle.
+
+Example counts: the "ci" profile (default) runs a bounded number per test; for a deeper local
+run: HYPOTHESIS_PROFILE=deep bash scripts/test.sh tests/test_fuzz.py
+"""
+
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from _backends import BACKEND_NAMES, available_backends
+from paged_attention_ext import reference, testing
+
+settings.register_profile("ci", max_examples=20, deadline=None, derandomize=False,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("deep", max_examples=400, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# Lengths around block and partition edges, plus anything up to three partitions.
+EDGE_LENGTHS = [0, 1, 2, 15, 16, 17, 511, 512, 513, 1023, 1024, 1025]
+
+
+@st.composite
+def attention_cases(draw):
+    dtype_name = draw(st.sampled_from(sorted(DTYPES)))
+    kv_cache_dtype = draw(st.sampled_from(["auto", "auto", "fp8", "fp8_e4m3", "fp8_e5m2"]))
+    element_size = 1 if kv_cache_dtype != "auto" else DTYPES[dtype_name].itemsize
+    x = 16 // element_size
+    num_kv_heads = draw(st.integers(1, 3))
+    group = draw(st.sampled_from([1, 2, 4, 6, 8]))
+    head_size = x * draw(st.integers(1, max(1, 160 // x)))
+    block_size = draw(st.sampled_from([1, 2, 3, 5, 8, 16, 32]))
+    num_seqs = draw(st.integers(1, 4))
+    length = st.one_of(st.sampled_from(EDGE_LENGTHS), st.integers(0, 1600))
+    seq_lens = draw(st.lists(length, min_size=num_seqs, max_size=num_seqs))
+    return dict(
+        num_seqs=num_seqs, num_heads=num_kv_heads * group, num_kv_heads=num_kv_heads,
+        head_size=head_size, block_size=block_size, seq_lens=seq_lens, dtype=DTYPES[dtype_name],
+        kv_cache_dtype=kv_cache_dtype, use_alibi=draw(st.booleans()),
+        noncontig_query=draw(st.booleans()), scale_as_tensor=draw(st.booleans()),
+        extra_blocks=draw(st.integers(0, 4)), seed=draw(st.integers(0, 2**31 - 1)))
+
+
+def _with_extra_partitions(inputs, extra):
+    """v2 scratch larger than needed (vLLM sizes it from max_seq_len over the whole batch)."""
+    return testing.alloc_v2_outputs(
+        inputs, max_num_partitions=max(1, max(map(testing.num_partitions,
+                                                  inputs.seq_lens_list))) + extra)
+
+
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
+@given(case=attention_cases(), extra_partitions=st.integers(0, 2))
+def test_v2_matches_oracle(backend, case, extra_partitions):
+    impl = available_backends()[backend]
+    inputs = testing.make_attention_inputs(**case)
+    got = testing.call_v2(impl.v2, inputs, _with_extra_partitions(inputs, extra_partitions))
+    want = testing.call_v2(reference.paged_attention_v2, inputs,
+                           _with_extra_partitions(inputs, extra_partitions))
+    testing.assert_v2_matches(got, want, inputs.seq_lens_list, inputs.dtype,
+                              inputs.kv_cache_dtype)
+
+
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
+@given(case=attention_cases())
+def test_v1_matches_oracle(backend, case):
+    impl = available_backends()[backend]
+    inputs = testing.make_attention_inputs(**case)
+    got = testing.call_v1(impl.v1, inputs, testing.alloc_v1_outputs(inputs))
+    want = testing.call_v1(reference.paged_attention_v1, inputs, testing.alloc_v1_outputs(inputs))
+    testing.assert_out_matches(got, want, inputs.dtype, inputs.kv_cache_dtype)
+
+
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
+@given(data=st.data())
+def test_reshape_and_cache_matches_oracle(backend, data):
+    impl = available_backends()[backend]
+    dtype = data.draw(st.sampled_from(sorted(DTYPES)).map(DTYPES.get))
+    kv_cache_dtype = data.draw(st.sampled_from(["auto", "fp8_e4m3", "fp8_e5m2"]))
+    inputs = testing.make_attention_inputs(
+        1, 2, data.draw(st.integers(1, 2)), 32, data.draw(st.sampled_from([1, 5, 16])), [40],
+        dtype=dtype, kv_cache_dtype=kv_cache_dtype, extra_blocks=2,
+        seed=data.draw(st.integers(0, 2**31 - 1)))
+    num_slots = inputs.num_blocks * inputs.block_size
+    num_tokens = data.draw(st.integers(0, 12))
+    # distinct slots (a slot written twice in one call has no defined winner), some padding (-1)
+    slots = data.draw(st.lists(st.integers(0, num_slots - 1), min_size=num_tokens,
+                               max_size=num_tokens, unique=True))
+    slots = [s if data.draw(st.booleans()) or s % 3 else -1 for s in slots]
+    # key and value slices of a fused [num_tokens, 3, kv_heads, head] tensor (strided dim 0);
+    # values up to +-1000 exercise fp8 saturation (e4m3 max 448)
+    fused = torch.randn(num_tokens, 3, inputs.num_kv_heads, 32).mul_(300).to(dtype)
+    key, value = fused[:, 0], fused[:, 2]
+    slot_mapping = torch.tensor(slots, dtype=torch.int64)
+    got = (inputs.key_cache.clone(), inputs.value_cache.clone())
+    want = (inputs.key_cache.clone(), inputs.value_cache.clone())
+    impl.reshape_and_cache(key, value, *got, slot_mapping, kv_cache_dtype, inputs.k_scale,
+                           inputs.v_scale)
+    reference.reshape_and_cache(key, value, *want, slot_mapping, kv_cache_dtype, inputs.k_scale,
+                                inputs.v_scale)
+    for g, w in zip(got, want):  # bit-exact, NaN poison included
+        assert torch.equal(g.view(torch.uint8), w.view(torch.uint8))

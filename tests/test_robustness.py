@@ -1,0 +1,92 @@
+"""Robustness beyond the bad-input rules: 64-bit block offsets on a pool larger than 2^31
+elements, run-to-run determinism, thread-count independence, tensors on mixed devices."""
+
+import pytest
+import torch
+
+from _backends import BACKEND_NAMES, available_backends
+from paged_attention_ext import reference, testing
+
+
+def _large_pool_inputs(dtype, kv_cache_dtype):
+    """One sequence whose blocks sit past element 2^31 of each cache (plus one near the start).
+
+    The caches are torch.empty: only the blocks written here are ever touched, so the ~2-4 GiB
+    per cache is virtual memory, not resident."""
+    head_size, block_size, num_kv_heads = 128, 16, 1
+    small = testing.make_attention_inputs(1, 4, num_kv_heads, head_size, block_size, [61],
+                                          dtype=dtype, kv_cache_dtype=kv_cache_dtype, seed=5)
+    block_elems = num_kv_heads * head_size * block_size
+    num_blocks = 2**31 // block_elems + 8
+    key_cache = torch.empty((num_blocks,) + tuple(small.key_cache.shape[1:]),
+                            dtype=small.key_cache.dtype)
+    value_cache = torch.empty((num_blocks,) + tuple(small.value_cache.shape[1:]),
+                              dtype=small.value_cache.dtype)
+    far = [num_blocks - 1, 3, num_blocks - 5, num_blocks - 2]  # offsets > 2^31 elements but one
+    assert far[0] * block_elems > 2**31
+    for i, b in enumerate(far):
+        key_cache[b] = small.key_cache[int(small.block_tables[0, i])]
+        value_cache[b] = small.value_cache[int(small.block_tables[0, i])]
+    block_tables = torch.tensor([far + [-1]], dtype=torch.int32)
+    small.key_cache, small.value_cache, small.block_tables = key_cache, value_cache, block_tables
+    small.num_blocks = num_blocks
+    return small
+
+
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
+@pytest.mark.parametrize("dtype,kv_cache_dtype", [(torch.bfloat16, "auto"),
+                                                  (torch.float32, "fp8_e4m3")])
+def test_block_offsets_beyond_int32(backend, dtype, kv_cache_dtype):
+    impl = available_backends()[backend]
+    inputs = _large_pool_inputs(dtype, kv_cache_dtype)
+    want = testing.call_v2(reference.paged_attention_v2, inputs, testing.alloc_v2_outputs(inputs))
+    got = testing.call_v2(impl.v2, inputs, testing.alloc_v2_outputs(inputs))
+    testing.assert_v2_matches(got, want, inputs.seq_lens_list, dtype, kv_cache_dtype)
+    got_v1 = testing.call_v1(impl.v1, inputs, testing.alloc_v1_outputs(inputs))
+    testing.assert_out_matches(got_v1, want.out, dtype, kv_cache_dtype)
+
+
+def _llama_like(seed):
+    return testing.make_attention_inputs(3, 16, 4, 128, 16, [1500, 70, 1025],
+                                         dtype=torch.bfloat16, seed=seed)
+
+
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
+def test_bitwise_deterministic_run_to_run(backend):
+    impl = available_backends()[backend]
+    inputs = _llama_like(21)
+    first = testing.call_v2(impl.v2, inputs, testing.alloc_v2_outputs(inputs))
+    for _ in range(3):
+        again = testing.call_v2(impl.v2, inputs, testing.alloc_v2_outputs(inputs))
+        assert torch.equal(again.out, first.out)
+    v1_first = testing.call_v1(impl.v1, inputs, testing.alloc_v1_outputs(inputs))
+    v1_again = testing.call_v1(impl.v1, inputs, testing.alloc_v1_outputs(inputs))
+    assert torch.equal(v1_first, v1_again)
+
+
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
+def test_one_and_two_threads_agree(backend):
+    impl = available_backends()[backend]
+    inputs = _llama_like(22)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = testing.call_v2(impl.v2, inputs, testing.alloc_v2_outputs(inputs))
+        torch.set_num_threads(2)
+        two = testing.call_v2(impl.v2, inputs, testing.alloc_v2_outputs(inputs))
+    finally:
+        torch.set_num_threads(threads)
+    testing.assert_v2_matches(two, one, inputs.seq_lens_list, inputs.dtype)
+
+
+@pytest.mark.parametrize("misplaced", ["key_cache", "block_tables", "out"])
+def test_mixed_devices_rejected(misplaced):
+    # The meta device stands in for a second device on a machine without a GPU.
+    inputs = testing.make_attention_inputs(2, 4, 2, 32, 8, [9, 20], seed=23)
+    out = testing.alloc_v1_outputs(inputs)
+    if misplaced == "out":
+        out = out.to("meta")
+    else:
+        setattr(inputs, misplaced, getattr(inputs, misplaced).to("meta"))
+    with pytest.raises((ValueError, RuntimeError), match=rf"{misplaced}.*device|device.*{misplaced}"):
+        testing.call_v1(torch.ops.paged_attn.v1, inputs, out)
