@@ -11,6 +11,8 @@ Environment:
     TORCH_CUDA_ARCH_LIST   default "8.0;9.0" (A100, H100/H200)
     CUDA_HOME              default /usr/local/cuda when that folder exists
     DEBUG=1                -O0 -g;  MAX_JOBS  parallel compile jobs (ninja)
+    PAGED_ATTN_SANITIZE=1  AddressSanitizer + UndefinedBehaviorSanitizer on the C++ code (CPU-only
+                           build in build/temp-sanitize; scripts/sanitize.sh runs the tests on it)
     PAGED_ATTN_PTXAS_VERBOSE=1   print nvcc's register / spill report per kernel
 """
 
@@ -33,8 +35,13 @@ import torch  # noqa: E402  (after the environment defaults above)
 from torch.utils import cpp_extension  # noqa: E402
 
 
+SANITIZE = os.environ.get("PAGED_ATTN_SANITIZE") == "1"
+
+
 def want_cuda() -> bool:
     mode = os.environ.get("PAGED_ATTN_BUILD_CUDA", "auto").lower()
+    if SANITIZE:
+        return False  # the sanitizers cover the host C++ code
     if mode in ("0", "no", "false", "off"):
         return False
     available = torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
@@ -53,12 +60,16 @@ def sources(pattern: str) -> list:
 def extension():
     debug = os.environ.get("DEBUG", "0") == "1"
     opt = ["-O0", "-g"] if debug else ["-O3", "-g0"]
+    sanitize = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer",
+                "-fno-sanitize-recover=all"] if SANITIZE else []
+    if SANITIZE:
+        opt = ["-O1", "-g"]
     cxx_sources = sources("csrc/*.cpp") + sources("csrc/torch_glue/*.cpp") + sources(
         "csrc/cpu/*.cpp")
     # -fopenmp: at::parallel_for's OpenMP body is inline in ATen headers, so it must be compiled
     # with OpenMP here or every "parallel" region runs on one thread.
-    cxx_flags = opt + ["-fopenmp"]
-    link_flags = ["-fopenmp"]
+    cxx_flags = opt + sanitize + ["-fopenmp"]
+    link_flags = sanitize + ["-fopenmp"]
     kwargs = dict(
         name="paged_attention_ext._C",
         extra_link_args=link_flags,
@@ -84,7 +95,7 @@ class BuildExtension(cpp_extension.BuildExtension):
 
     def finalize_options(self):
         super().finalize_options()
-        self.build_temp = os.path.join(ROOT, "build", "temp")
+        self.build_temp = os.path.join(ROOT, "build", "temp-sanitize" if SANITIZE else "temp")
 
 
 class Develop(Command):
