@@ -1,0 +1,61 @@
+// attention_kernel.h — the CPU paged-attention kernel's interface: one call computes the compound
+// state of one work item (sequence, KV head, 512-token partition) for all query heads of that KV
+// head. Framework-free (no torch header): the launcher (paged_attention_cpu.cpp) turns tensors
+// into params, runs these items in parallel and merges the partitions.
+//
+// Two implementations with the same contract:
+//   attention_kernel_generic.cpp  portable scalar C++ (any CPU; the correctness baseline)
+//   attention_kernel_avx512.cpp   AVX-512 intrinsics (F + BW + VL), compiled with a per-function
+//                                 target attribute so the rest of the build keeps its baseline ISA;
+//                                 used only when the CPU reports those features at run time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "../core/params.h"
+
+namespace paged_attn {
+namespace cpu {
+
+// One work item: tokens [partition * kPartitionSize, min(seq_len, (partition + 1) * ...)).
+struct PartitionTask {
+  int seq;
+  int kv_head;
+  int partition;
+};
+
+// Everything a work item reads besides PagedAttentionParams, resolved once per call.
+struct KernelInputs {
+  const float* query;  // [num_seqs, num_heads, head_size] contiguous fp32 copy of the query
+  float qk_scale;      // scale * k_scale (k_scale only for fp8 caches, else 1)
+  float v_scale;       // v_scale for fp8 caches, else 1
+  // Per-partition results, [num_seqs, num_heads, num_partitions(, head_size)] contiguous:
+  float* max_logits;   // m_p
+  float* exp_sums;     // s_p = sum_t exp(l_t - m_p)
+  float* part_out;     // sum_t exp(l_t - m_p) v_t / s_p (fp32; normalised by its own sum)
+  int num_partitions;  // the partition dimension of the three arrays above
+};
+
+// Floats of per-thread scratch a kernel needs for these params (allocated by the caller, reused
+// across the work items a thread runs).
+size_t kernel_scratch_floats(const PagedAttentionParams& p);
+
+// Computes one work item and writes m_p, s_p and the normalised output of partition
+// `task.partition` for query heads kv_head * G .. kv_head * G + G - 1 (G = num_heads /
+// num_kv_heads). The partition must hold at least one token.
+// NOTE: cache slots past seq_len are never multiplied into the output (masked loads), so NaN
+// there cannot leak; every block offset is computed in 64 bits.
+using PartitionKernel = void (*)(const PagedAttentionParams& p, const KernelInputs& in,
+                                 PartitionTask task, float* scratch);
+
+void attention_partition_generic(const PagedAttentionParams& p, const KernelInputs& in,
+                                 PartitionTask task, float* scratch);
+void attention_partition_avx512(const PagedAttentionParams& p, const KernelInputs& in,
+                                PartitionTask task, float* scratch);
+
+// True when this CPU runs attention_partition_avx512 (AVX-512 F, BW, VL).
+bool cpu_has_avx512();
+
+}  // namespace cpu
+}  // namespace paged_attn

@@ -1,0 +1,408 @@
+// attention_kernel_avx512.cpp — AVX-512 CPU kernel for one work item (sequence, KV head, 512-token
+// partition); same contract as attention_kernel_generic.cpp (see attention_kernel.h).
+//
+// Every function that uses AVX-512 carries PA_AVX512 (a GCC/Clang target attribute), so this file
+// compiles with the project's baseline flags and the code runs only after cpu_has_avx512().
+// No lambdas in PA_AVX512 code: GCC does not propagate the target attribute into them.
+//
+// Algorithm per work item (G query heads share the KV head; heads processed in tiles of <= 4):
+//   spans   the partition's blocks from the block table: 64-bit element offset of the block's
+//           [kv_head] slice and the slot range [lo, hi) of the partition's tokens in it.
+//   QK      per block, K viewed as rows [head_size / x][block_size * x]; a 16-lane vector holds
+//           16 / x tokens x x dims. acc[g] += K_vec * qpat[g][c] over the head_size / x rows c
+//           (qpat = q's x dims of row c repeated 16 / x times, pre-scaled), then a segmented sum
+//           over each token's x lanes gives its logit. One K load feeds every head of the tile.
+//   softmax m = max, p = exp(l - m) (vectorised exp), s = sum p, per head.
+//   PV      per tile of DT head dims, registers acc[g][dt] (16 token lanes each) accumulate
+//           p[g][tokens] * V[d][tokens] over all blocks of the partition; one horizontal
+//           reduction per (g, d) at the end. V rows are [block_size] contiguous per d.
+// Slots outside [lo, hi) are masked to zero in BOTH p and V loads (0 * NaN would be NaN).
+// Prefetch: while computing QK on block i, block i + 2's K and block i's V are prefetched
+// (addresses known from the block table), so PV finds V in L2.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "attention_kernel.h"
+#include "cache_element.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define PA_HAVE_AVX512_PATH 1
+// GCC 12 false positive inside the _mm512_reduce_* / mask intrinsics.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#define PA_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#else
+#define PA_HAVE_AVX512_PATH 0
+#endif
+
+namespace paged_attn {
+namespace cpu {
+
+#if PA_HAVE_AVX512_PATH
+
+bool cpu_has_avx512() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+namespace {
+
+// ---- loads: up to 16 cache elements (lanes outside `m` read nothing and are 0) -> 16 floats ----
+template <typename Cache>
+struct Load;
+template <>
+struct Load<F32> {
+  PA_AVX512 static __m512 at(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+};
+template <>
+struct Load<F16> {
+  PA_AVX512 static __m512 at(const uint16_t* p, __mmask16 m) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+  }
+};
+template <>
+struct Load<BF16> {
+  PA_AVX512 static __m512 at(const uint16_t* p, __mmask16 m) {
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+  }
+};
+template <>
+struct Load<E5M2> {  // an e5m2 byte is the top byte of an fp16
+  PA_AVX512 static __m512 at(const uint8_t* p, __mmask16 m) {
+    const __m256i w = _mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(m, p));
+    return _mm512_cvtph_ps(_mm256_slli_epi16(w, 8));
+  }
+};
+template <>
+struct Load<E4M3> {
+  // e4m3fn S.EEEE.MMM -> fp16 S.0EEEE.MMM0000000 is the value * 2^-8 (subnormals included, and
+  // vcvtph2ps ignores DAZ); times 256 in fp32 is exact. S.1111.111 is NaN (fp16 would say 480).
+  PA_AVX512 static __m512 at(const uint8_t* p, __mmask16 m) {
+    const __m256i w = _mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(m, p));
+    const __m256i mag = _mm256_and_si256(w, _mm256_set1_epi16(0x7F));
+    const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8);
+    const __m256i h = _mm256_or_si256(_mm256_slli_epi16(mag, 7), sign);
+    const __m512 f = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
+    const __mmask16 nan = _mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x7F));
+    return _mm512_mask_blend_ps(nan, f, _mm512_set1_ps(NAN));
+  }
+};
+
+PA_AVX512 inline __mmask16 lanes(int lo, int hi) {  // lanes [lo, hi) of 16, clamped
+  lo = std::max(lo, 0);
+  hi = std::min(hi, 16);
+  if (hi <= lo) return 0;
+  return static_cast<__mmask16>(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+}
+
+// exp(x) for x <= 0 (and -inf -> 0, NaN -> NaN): Cephes expf's range reduction and polynomial,
+// scaled by 2^n with vscalefps (handles underflow to 0). Relative error ~1e-7.
+PA_AVX512 inline __m512 exp_ps(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);  // this operand order keeps NaN
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 y = _mm512_set1_ps(1.9875691500E-4f);
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507E-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073E-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894E-2f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459E-1f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201E-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(y, n);
+}
+
+// Sum each token's x consecutive lanes (x = 4, 8 or 16) into the token's first lane.
+PA_AVX512 inline __m512 segmented_sum(__m512 v, int x) {
+  v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1));  // swap neighbours
+  v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4E));  // swap pairs: lanes 0 mod 4 hold x=4 sums
+  if (x >= 8) v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xB1));   // 128-bit lanes 1,0,3,2
+  if (x >= 16) v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4E));  // 2,3,0,1
+  return v;
+}
+
+// [sum(a), sum(b), sum(c), sum(d)]
+PA_AVX512 inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+  const __m512 u = _mm512_add_ps(
+      _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))),
+      _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))));
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(u), _mm512_extractf32x8_ps(u, 1));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+template <int HINT>
+PA_AVX512 inline void prefetch_bytes(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(c + off, static_cast<_mm_hint>(HINT));
+}
+
+// One block of the partition: where its [kv_head] slice starts and which slots are ours.
+struct Span {
+  int64_t offset;  // elements from the cache base: block * kv_block_stride + kv_head * stride
+  int lo, hi;      // slots [lo, hi) belong to the partition (and are < seq_len)
+  int buf;         // index in the logits buffer of slot 0 of this block
+};
+
+struct TaskShape {
+  int D, bs, x, C, R;  // head size, block size, x, rows D / x, row length bs * x
+  int L;               // logits buffer stride per head
+  int64_t kv_bytes;    // bytes of one block's [kv_head] slice of K (or V)
+};
+
+// logits[g][span.buf + slot] for all bs slots of one block, heads [0, GT) of a tile.
+// kblk: [C][R] cache elements; qpat: [GT][C][16] floats; logits: [GT][L].
+template <typename Cache, int GT>
+PA_AVX512 void qk_block(const typename Cache::storage* kblk, const float* qpat,
+                        const TaskShape& s, float* logits) {
+  const __mmask16 first_lanes = s.x == 4 ? 0x1111 : s.x == 8 ? 0x0101 : 0x0001;
+  for (int j = 0; j < s.R; j += 32) {
+    const int r0 = std::min(16, s.R - j), r1 = std::max(0, std::min(16, s.R - j - 16));
+    const __mmask16 m0 = lanes(0, r0), m1 = lanes(0, r1);
+    __m512 acc[GT][2];
+#pragma GCC unroll 4
+    for (int g = 0; g < GT; ++g) acc[g][0] = acc[g][1] = _mm512_setzero_ps();
+    for (int c = 0; c < s.C; ++c) {
+      const auto* kp = kblk + static_cast<int64_t>(c) * s.R + j;
+      const __m512 k0 = Load<Cache>::at(kp, m0);
+      const __m512 k1 = Load<Cache>::at(kp + 16, m1);
+#pragma GCC unroll 4
+      for (int g = 0; g < GT; ++g) {
+        const __m512 qv = _mm512_loadu_ps(qpat + (g * s.C + c) * 16);
+        acc[g][0] = _mm512_fmadd_ps(k0, qv, acc[g][0]);
+        acc[g][1] = _mm512_fmadd_ps(k1, qv, acc[g][1]);
+      }
+    }
+    const int tok = j / s.x, n0 = r0 / s.x, n1 = r1 / s.x;
+#pragma GCC unroll 4
+    for (int g = 0; g < GT; ++g) {
+      float* dst = logits + g * s.L + tok;
+      _mm512_mask_storeu_ps(dst, lanes(0, n0),
+                            _mm512_maskz_compress_ps(first_lanes, segmented_sum(acc[g][0], s.x)));
+      if (n1 > 0)
+        _mm512_mask_storeu_ps(
+            dst + n0, lanes(0, n1),
+            _mm512_maskz_compress_ps(first_lanes, segmented_sum(acc[g][1], s.x)));
+    }
+  }
+}
+
+// out[g][d] = norm[g] * sum over the partition's tokens of p[g][t] * V[t][d], heads [0, GT).
+// probs: [GT][L]; out: GT rows of D floats, row g at out + g * out_stride.
+template <typename Cache, int GT>
+PA_AVX512 void pv_tile(const typename Cache::storage* V, const Span* spans, int nspans,
+                       const float* probs, const TaskShape& s, const float* norm, float* out,
+                       int64_t out_stride) {
+  constexpr int DT = GT <= 2 ? 8 : 4;  // head dims per register tile (GT * DT accumulators)
+  for (int d0 = 0; d0 < s.D; d0 += DT) {
+    const int dn = std::min(DT, s.D - d0);  // D % 4 == 0 always; DT = 8 may leave 4
+    __m512 acc[GT][DT];
+#pragma GCC unroll 8
+    for (int g = 0; g < GT; ++g)
+#pragma GCC unroll 8
+      for (int dt = 0; dt < DT; ++dt) acc[g][dt] = _mm512_setzero_ps();
+    for (int i = 0; i < nspans; ++i) {
+      const Span& sp = spans[i];
+      const auto* vb = V + sp.offset + static_cast<int64_t>(d0) * s.bs;
+      for (int tc = sp.lo & ~15; tc < sp.hi; tc += 16) {
+        const __mmask16 m = lanes(sp.lo - tc, sp.hi - tc);
+        __m512 pv[GT];
+#pragma GCC unroll 4
+        for (int g = 0; g < GT; ++g) pv[g] = _mm512_maskz_loadu_ps(m, probs + g * s.L + sp.buf + tc);
+        if (dn == DT) {
+#pragma GCC unroll 8
+          for (int dt = 0; dt < DT; ++dt) {
+            const __m512 vr = Load<Cache>::at(vb + static_cast<int64_t>(dt) * s.bs + tc, m);
+#pragma GCC unroll 4
+            for (int g = 0; g < GT; ++g) acc[g][dt] = _mm512_fmadd_ps(vr, pv[g], acc[g][dt]);
+          }
+        } else {
+          for (int dt = 0; dt < dn; ++dt) {
+            const __m512 vr = Load<Cache>::at(vb + static_cast<int64_t>(dt) * s.bs + tc, m);
+#pragma GCC unroll 4
+            for (int g = 0; g < GT; ++g) acc[g][dt] = _mm512_fmadd_ps(vr, pv[g], acc[g][dt]);
+          }
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < GT; ++g) {
+      const __m128 scale = _mm_set1_ps(norm[g]);
+      for (int dt = 0; dt < dn; dt += 4) {
+        const __m128 sums = reduce4(acc[g][dt], acc[g][dt + 1], acc[g][dt + 2], acc[g][dt + 3]);
+        _mm_storeu_ps(out + g * out_stride + d0 + dt, _mm_mul_ps(sums, scale));
+      }
+    }
+  }
+}
+
+// (m, s) of one head's logits in buf[lo, hi); overwrites them with p = exp(l - m).
+PA_AVX512 inline void softmax_in_place(float* buf, int lo, int hi, float* m_out, float* s_out) {
+  __m512 vmax = _mm512_set1_ps(-INFINITY);
+  for (int i = lo & ~15; i < hi; i += 16) {
+    const __mmask16 m = lanes(lo - i, hi - i);
+    vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), m, buf + i));
+  }
+  const float mx = _mm512_reduce_max_ps(vmax);
+  const __m512 vm = _mm512_set1_ps(mx);
+  __m512 vsum = _mm512_setzero_ps();
+  for (int i = lo & ~15; i < hi; i += 16) {
+    const __mmask16 m = lanes(lo - i, hi - i);
+    const __m512 p = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, buf + i), vm));
+    vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(m, p));
+    _mm512_mask_storeu_ps(buf + i, m, p);
+  }
+  *m_out = mx;
+  *s_out = _mm512_reduce_add_ps(vsum);
+}
+
+template <typename Cache, int GT>
+PA_AVX512 void run_head_tile(const PagedAttentionParams& p, const KernelInputs& in,
+                             PartitionTask task, const Span* spans, int nspans,
+                             const TaskShape& s, int g0, float* logits, float* qpat) {
+  using T = typename Cache::storage;
+  const T* K = static_cast<const T*>(p.key_cache);
+  const T* V = static_cast<const T*>(p.value_cache);
+  const int seq_len = p.seq_lens[task.seq];
+  const int h0 = task.kv_head * (p.num_heads / p.num_kv_heads) + g0;  // first head of the tile
+  const int64_t row0 = (static_cast<int64_t>(task.seq) * p.num_heads + h0) * in.num_partitions +
+                       task.partition;  // [seq, h0, partition] in the result arrays
+
+  // qpat[g][c][l] = qk_scale * q[h0 + g][c * x + l % x]
+  const float* q = in.query + (static_cast<int64_t>(task.seq) * p.num_heads + h0) * s.D;
+  for (int g = 0; g < GT; ++g)
+    for (int c = 0; c < s.C; ++c)
+      for (int l = 0; l < 16; ++l)
+        qpat[(g * s.C + c) * 16 + l] = in.qk_scale * q[g * s.D + c * s.x + l % s.x];
+
+  // QK over the partition's blocks, prefetching ahead.
+  constexpr int kAhead = 2;
+  for (int i = 0; i < std::min(kAhead, nspans); ++i)
+    prefetch_bytes<_MM_HINT_T0>(K + spans[i].offset, s.kv_bytes);
+  for (int i = 0; i < nspans; ++i) {
+    if (i + kAhead < nspans) prefetch_bytes<_MM_HINT_T0>(K + spans[i + kAhead].offset, s.kv_bytes);
+    prefetch_bytes<_MM_HINT_T1>(V + spans[i].offset, s.kv_bytes);
+    qk_block<Cache, GT>(K + spans[i].offset, qpat, s, logits + spans[i].buf);
+  }
+
+  // Softmax per head over the partition's tokens; ALiBi bias first.
+  const int lo = spans[0].buf + spans[0].lo;
+  const int hi = spans[nspans - 1].buf + spans[nspans - 1].hi;
+  const int t_at_lo = task.partition * kPartitionSize;  // token index of buffer position lo
+  float norm[GT];
+  for (int g = 0; g < GT; ++g) {
+    float* l = logits + g * s.L;
+    if (p.alibi_slopes) {
+      const float slope = p.alibi_slopes[h0 + g];
+      for (int b = lo; b < hi; ++b) l[b] += slope * static_cast<float>(t_at_lo + (b - lo) - seq_len + 1);
+    }
+    float mx, sum;
+    softmax_in_place(l, lo, hi, &mx, &sum);
+    in.max_logits[row0 + static_cast<int64_t>(g) * in.num_partitions] = mx;
+    in.exp_sums[row0 + static_cast<int64_t>(g) * in.num_partitions] = sum;
+    norm[g] = in.v_scale / sum;
+  }
+
+  pv_tile<Cache, GT>(V, spans, nspans, logits, s, norm, in.part_out + row0 * s.D,
+                     static_cast<int64_t>(in.num_partitions) * s.D);
+}
+
+template <typename Cache>
+PA_AVX512 void run_partition(const PagedAttentionParams& p, const KernelInputs& in,
+                             PartitionTask task, float* scratch) {
+  const int G = p.num_heads / p.num_kv_heads;
+  TaskShape s;
+  s.D = p.head_size;
+  s.bs = p.block_size;
+  s.x = p.x;
+  s.C = s.D / s.x;
+  s.R = s.bs * s.x;
+  s.L = (kPartitionSize + 2 * s.bs + 16 + 15) & ~15;
+  s.kv_bytes = static_cast<int64_t>(s.D) * s.bs * sizeof(typename Cache::storage);
+
+  // Spans: the blocks holding tokens [t_begin, t_end).
+  const int seq_len = p.seq_lens[task.seq];
+  const int t_begin = task.partition * kPartitionSize;
+  const int t_end = std::min(seq_len, t_begin + kPartitionSize);
+  const int b_first = t_begin / s.bs, b_last = (t_end - 1) / s.bs;
+  const int32_t* table = p.block_tables + static_cast<int64_t>(task.seq) * p.max_blocks_per_seq;
+  const int64_t head_off = static_cast<int64_t>(task.kv_head) * p.kv_head_stride;
+  float* logits = scratch;                                // [G][L]
+  float* qpat = logits + static_cast<int64_t>(G) * s.L;   // [4][C][16]
+  Span* spans = reinterpret_cast<Span*>(qpat + 4 * s.C * 16 + 16);
+  int nspans = 0;
+  for (int b = b_first; b <= b_last; ++b, ++nspans) {
+    Span& sp = spans[nspans];
+    sp.offset = static_cast<int64_t>(table[b]) * p.kv_block_stride + head_off;  // NOTE: 64-bit
+    sp.lo = std::max(t_begin - b * s.bs, 0);
+    sp.hi = std::min(t_end - b * s.bs, s.bs);
+    sp.buf = nspans * s.bs;
+  }
+
+  for (int g0 = 0; g0 < G; g0 += 4) {
+    float* lg = logits + static_cast<int64_t>(g0) * s.L;
+    switch (std::min(4, G - g0)) {
+      case 1: run_head_tile<Cache, 1>(p, in, task, spans, nspans, s, g0, lg, qpat); break;
+      case 2: run_head_tile<Cache, 2>(p, in, task, spans, nspans, s, g0, lg, qpat); break;
+      case 3: run_head_tile<Cache, 3>(p, in, task, spans, nspans, s, g0, lg, qpat); break;
+      default: run_head_tile<Cache, 4>(p, in, task, spans, nspans, s, g0, lg, qpat); break;
+    }
+  }
+}
+
+}  // namespace
+
+PA_AVX512 void attention_partition_avx512(const PagedAttentionParams& p, const KernelInputs& in,
+                                          PartitionTask task, float* scratch) {
+  switch (p.cache_kind) {
+    case CacheKind::kFp8E4M3:
+      return run_partition<E4M3>(p, in, task, scratch);
+    case CacheKind::kFp8E5M2:
+      return run_partition<E5M2>(p, in, task, scratch);
+    case CacheKind::kAuto:
+      break;
+  }
+  switch (p.scalar_kind) {
+    case ScalarKind::kFloat32:
+      return run_partition<F32>(p, in, task, scratch);
+    case ScalarKind::kFloat16:
+      return run_partition<F16>(p, in, task, scratch);
+    case ScalarKind::kBFloat16:
+      return run_partition<BF16>(p, in, task, scratch);
+  }
+}
+
+#else  // no AVX-512 path on this architecture / compiler
+
+bool cpu_has_avx512() { return false; }
+void attention_partition_avx512(const PagedAttentionParams& p, const KernelInputs& in,
+                                PartitionTask task, float* scratch) {
+  attention_partition_generic(p, in, task, scratch);
+}
+
+#endif
+
+}  // namespace cpu
+}  // namespace paged_attn
+
+namespace paged_attn {
+namespace cpu {
+
+// Both kernels' scratch: the AVX-512 layout (logits [G][L] + qpat [4][D/x][16] + spans) covers
+// the generic one's ([G][kPartitionSize]).
+size_t kernel_scratch_floats(const PagedAttentionParams& p) {
+  const size_t G = p.num_heads / p.num_kv_heads;
+  const size_t L = (kPartitionSize + 2 * p.block_size + 16 + 15) & ~15;
+  const size_t C = p.head_size / p.x;
+  const size_t max_spans = kPartitionSize / p.block_size + 2;
+  return G * L + 4 * C * 16 + 16 + max_spans * 8 + 16;
+}
+
+}  // namespace cpu
+}  // namespace paged_attn

@@ -1,0 +1,118 @@
+// paged_attention_cpu.cpp — CPU launcher of v1 / v2: data checks, work items, the parallel run of
+// the partition kernel (attention_kernel.h) and the log-sum-exp merge of partitions.
+//
+// Phase 1: one work item per (sequence, KV head, 512-token partition) holding tokens, spread over
+//          threads with at::parallel_for; each writes the partition's (max, exp sum, output
+//          normalised by its sum) for the KV head's G query heads. v2 writes max / sum straight
+//          into max_logits / exp_sums; v1 uses small internal arrays (it partitions the same way,
+//          only for parallelism, so its `out` equals v2's).
+// Phase 2: per (sequence, head), weights from core/compound_state.h's partition_weights, out =
+//          sum_p w_p * out_p rounded once to the query dtype; v2 also stores tmp_out (query dtype)
+//          for the partitions p < ceil(seq_len / 512). Rows with seq_len == 0 get zeros.
+#include "paged_attention_cpu.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "../core/compound_state.h"
+#include "../torch_glue/validate.h"
+#include "attention_kernel.h"
+
+namespace paged_attn {
+namespace cpu {
+namespace {
+
+int partitions_of(int seq_len) { return (seq_len + kPartitionSize - 1) / kPartitionSize; }
+
+// PAGED_ATTN_CPU_KERNEL=generic forces the portable kernel (tests compare both); default: the
+// AVX-512 kernel when the CPU has it.
+PartitionKernel pick_kernel() {
+  static const bool has_avx512 = cpu_has_avx512();
+  const char* force = std::getenv("PAGED_ATTN_CPU_KERNEL");
+  if (force != nullptr && std::strcmp(force, "generic") == 0) return attention_partition_generic;
+  return has_avx512 ? attention_partition_avx512 : attention_partition_generic;
+}
+
+// Scale of an fp8 cache: the tensor overload's CPU float, else the double; 1 for "auto".
+float cache_scale(const PagedAttentionParams& p, const float* ptr, float value) {
+  if (p.cache_kind == CacheKind::kAuto) return 1.0f;
+  return ptr != nullptr ? *ptr : value;
+}
+
+template <typename scalar_t>
+void merge_partitions(const PagedAttentionParams& p, const KernelInputs& in, bool is_v2) {
+  const int D = p.head_size, P = in.num_partitions;
+  auto* out = static_cast<scalar_t*>(p.out);
+  auto* tmp_out = static_cast<scalar_t*>(p.tmp_out);
+  const int64_t rows = static_cast<int64_t>(p.num_seqs) * p.num_heads;
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> w(P), acc(D);
+    for (int64_t row = begin; row < end; ++row) {
+      const int n = partitions_of(p.seq_lens[row / p.num_heads]);
+      const float* part = in.part_out + row * P * D;  // [P, D]
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      if (n > 0) {
+        partition_weights(in.max_logits + row * P, in.exp_sums + row * P, n, w.data());
+        for (int q = 0; q < n; ++q)
+          for (int d = 0; d < D; ++d) acc[d] += w[q] * part[q * D + d];
+      }
+      for (int d = 0; d < D; ++d) out[row * D + d] = static_cast<scalar_t>(acc[d]);
+      if (is_v2)
+        for (int64_t i = 0; i < static_cast<int64_t>(n) * D; ++i)
+          tmp_out[row * P * D + i] = static_cast<scalar_t>(part[i]);
+    }
+  });
+}
+
+}  // namespace
+
+void paged_attention(const char* op, const PagedAttentionParams& p, const at::Tensor& query,
+                     const at::Tensor& out, const at::Tensor* tmp_out) {
+  const bool is_v2 = tmp_out != nullptr;
+  check_attention_data(op, p, is_v2);
+
+  // Work items with at least one token, so threads get equal counts of real work.
+  int longest = 0;
+  for (int s = 0; s < p.num_seqs; ++s) longest = std::max(longest, p.seq_lens[s]);
+  const int P = is_v2 ? p.max_num_partitions : std::max(1, partitions_of(longest));
+  std::vector<PartitionTask> tasks;
+  for (int s = 0; s < p.num_seqs; ++s)
+    for (int kh = 0; kh < p.num_kv_heads; ++kh)
+      for (int part = 0; part < partitions_of(p.seq_lens[s]); ++part)
+        tasks.push_back(PartitionTask{s, kh, part});
+
+  // fp32 query [num_seqs, num_heads, head_size] (no copy when it already is one).
+  const at::Tensor q = query.to(at::kFloat).contiguous();
+  const int64_t rows = static_cast<int64_t>(p.num_seqs) * p.num_heads;
+  const auto f32 = query.options().dtype(at::kFloat);
+  at::Tensor stats = is_v2 ? at::Tensor() : at::empty({2, rows, P}, f32);
+  const at::Tensor part_out = at::empty({rows, P, p.head_size}, f32);
+
+  KernelInputs in;
+  in.query = q.data_ptr<float>();
+  in.qk_scale = p.scale * cache_scale(p, p.k_scale_ptr, p.k_scale);
+  in.v_scale = cache_scale(p, p.v_scale_ptr, p.v_scale);
+  in.max_logits = is_v2 ? p.max_logits : stats[0].data_ptr<float>();
+  in.exp_sums = is_v2 ? p.exp_sums : stats[1].data_ptr<float>();
+  in.part_out = part_out.data_ptr<float>();
+  in.num_partitions = P;
+
+  const PartitionKernel kernel = pick_kernel();
+  const size_t scratch_floats = kernel_scratch_floats(p);
+  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch(scratch_floats);
+    for (int64_t i = begin; i < end; ++i) kernel(p, in, tasks[i], scratch.data());
+  });
+
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out.scalar_type(), "paged_attn_merge",
+                                  [&] { merge_partitions<scalar_t>(p, in, is_v2); });
+}
+
+}  // namespace cpu
+}  // namespace paged_attn
