@@ -136,6 +136,31 @@ def test_kv_scales_are_ignored_for_auto_caches():
     assert torch.equal(base, scaled)
 
 
+def test_max_seq_len_is_only_a_hint():
+    """A max_seq_len below a row's length must not drop that row's tokens."""
+    inputs = testing.make_attention_inputs(2, 4, 2, 32, 8, [700, 30], seed=10)
+    inputs.max_seq_len = 16
+    _check_against_dense(inputs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(12))
+def test_oracle_matches_dense_random_configs(seed):
+    gen = torch.Generator().manual_seed(1000 + seed)
+    pick = lambda options: options[int(torch.randint(len(options), (1,), generator=gen))]  # noqa
+    num_kv_heads = pick([1, 2, 4])
+    num_heads = num_kv_heads * pick([1, 3, 4, 8])
+    dtype, kv = pick(DTYPE_CASES)
+    head_size = pick([32, 64, 96, 128, 256]) if kv != "auto" else pick([32, 40, 64, 80, 128])
+    num_seqs = pick([1, 3, 9])
+    seq_lens = torch.randint(0, 3000, (num_seqs,), generator=gen).tolist()
+    inputs = testing.make_attention_inputs(
+        num_seqs, num_heads, num_kv_heads, head_size, pick([1, 3, 8, 16, 32]), seq_lens,
+        dtype=dtype, kv_cache_dtype=kv, use_alibi=bool(seed % 2), seed=seed,
+        noncontig_query=bool(seed % 3 == 0), scale_as_tensor=bool(seed % 4 == 1))
+    _check_against_dense(inputs)
+
+
 # ---- the comparison can fail: known bugs are caught ----
 
 def _mutations(inputs):
