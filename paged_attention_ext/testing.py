@@ -20,7 +20,8 @@ from typing import List, NamedTuple, Optional, Union
 import torch
 
 from .reference import encode_cache
-from .validation import FP8_DTYPES, PARTITION_SIZE, cache_dtype_for, parse_kv_cache_dtype
+from .validation import FP8_DTYPES  # noqa: F401  (re-exported: kv_cache_dtype -> torch fp8 dtype)
+from .validation import PARTITION_SIZE, cache_dtype_for, parse_kv_cache_dtype
 
 # NaN as an fp8 byte: 0x7F is NaN in both float8_e4m3fn (S.1111.111) and float8_e5m2 (S.11111.11).
 FP8_NAN_BYTE = 0x7F
