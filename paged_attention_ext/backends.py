@@ -66,30 +66,34 @@ def _import(name: str):
         return None, f"{type(exc).__name__}: {exc}"
 
 
-def _op_exists(op: str) -> bool:
+def _op_exists(qualified: str) -> bool:
+    """qualified: 'namespace::name' or 'namespace::name.overload'."""
+    namespace, _, rest = qualified.partition("::")
+    name, _, overload = rest.partition(".")
     try:
-        torch._C._dispatch_find_schema_or_throw(f"{_LIB}::{op}", "")
+        torch._C._dispatch_find_schema_or_throw(f"{namespace}::{name}", overload)
         return True
     except RuntimeError:
         return False
 
 
-def _key_info(op: str, key: str) -> KeyInfo:
-    """Is a kernel registered for exactly this dispatch key, and from which language?
-    _dispatch_dump lines read 'CPU: registered at /path/file.cpp:42 :: ...'."""
-    qualified = f"{_LIB}::{op}"
-    if not _op_exists(op) or not torch._C._dispatch_has_kernel_for_dispatch_key(qualified, key):
+def kernel_info(qualified: str, key: str) -> KeyInfo:
+    """Is a kernel registered for exactly this dispatch key of operator `qualified`
+    ("paged_attn::v2"), and from which language? _dispatch_dump lines read
+    'CPU: registered at /path/file.cpp:42 :: ...'; anything but a C/C++/CUDA source file there
+    (a .py file, '<string>') is a Python registration."""
+    if not _op_exists(qualified) or not torch._C._dispatch_has_kernel_for_dispatch_key(qualified, key):
         return KeyInfo(False, "", "")
     match = re.search(rf"^{key}(?:\[alias\])?: registered at (\S+)", torch._C._dispatch_dump(qualified),
                       re.MULTILINE)
     where = match.group(1) if match else "?"
-    origin = "Python" if re.search(r"\.py(:\d+)?$", where) else "C++"
+    origin = "C++" if re.search(r"\.(cpp|cc|cxx|cu|cuh|h|hpp)(:\d+)?$", where) else "Python"
     return KeyInfo(True, origin, where)
 
 
 def compiled_kernel(op: str, key: str) -> bool:
     """True when a C++/CUDA kernel (not a Python registration) serves `op` under `key`."""
-    info = _key_info(op, key)
+    info = kernel_info(f"{_LIB}::{op}", key)
     return info.registered and info.origin == "C++"
 
 
@@ -138,10 +142,10 @@ def detect() -> Detection:
         extension_loaded=ext is not None,
         extension_error=ext_error,
         extension_path=_extension_path(ext) if ext else "",
-        ops_registered=all(_op_exists(op) for op in OPS),
+        ops_registered=all(_op_exists(f"{_LIB}::{op}") for op in OPS),
     )
     for op in OPS:
-        det.kernels[op] = {key: _key_info(op, key)
+        det.kernels[op] = {key: kernel_info(f"{_LIB}::{op}", key)
                            for key in ("CPU", "CUDA", "CompositeExplicitAutograd", "Meta")}
     if det.extension_path and os.path.exists(det.extension_path):
         with open(det.extension_path, "rb") as f:

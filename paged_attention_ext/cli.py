@@ -57,6 +57,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", metavar="PATH", help="write all results as JSON")
     bench.add_argument("--plot", metavar="FILE.png", help="GB/s vs context length (matplotlib)")
     bench.add_argument("--markdown", metavar="PATH", help="write the table as Markdown")
+    bench.add_argument("--bandwidth-mib", type=int, default=0, metavar="MIB",
+                       help="buffer for the bandwidth measurement (default: 16x the CPU's "
+                            "last-level cache, at least 256 MiB; 1 GiB on CUDA)")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--no-progress", action="store_true", help="no live progress display")
     return parser
@@ -114,7 +117,7 @@ def _bench_config(args):
                          f"{', '.join(contenders.CONTENDERS)}")
     return BenchConfig(device=device, dtype=getattr(torch, dtype_name),
                        kv_cache_dtype=args.kv_cache_dtype, shapes=shapes, contenders=names,
-                       full=args.full, seed=args.seed)
+                       full=args.full, seed=args.seed, bandwidth_bytes=args.bandwidth_mib << 20)
 
 
 def _cmd_bench(args) -> int:

@@ -2,9 +2,10 @@
 
 CUDA: torch.cuda.max_memory_allocated after reset_peak_memory_stats (exact, caching allocator).
 CPU (Linux): the process's resident-set high-water mark (VmHWM) after resetting it through
-/proc/self/clear_refs, minus the resident set before. It counts pages actually touched, by
-anything in the process, so it is an upper bound on the contender's temporaries and misses memory
-the allocator reuses from earlier frees. Elsewhere: not measured (None).
+/proc/self/clear_refs, minus the resident set before: the new pages the call made resident. An
+approximation: it counts anything the process touched meanwhile, and misses temporaries the C
+allocator serves from memory freed earlier (blocks below glibc's mmap threshold). Elsewhere: not
+measured (None).
 """
 
 from __future__ import annotations
@@ -54,5 +55,6 @@ def peak_extra_bytes(fn: Callable[[], object], device: str) -> Optional[int]:
 
 MEMORY_METHOD = {
     "cuda": "torch.cuda.max_memory_allocated delta",
-    "cpu": "VmHWM delta after clear_refs reset (pages touched; upper bound)",
+    "cpu": "new resident pages during one call (VmHWM after a clear_refs reset - VmRSS before; "
+           "approximate, misses reused allocator memory)",
 }

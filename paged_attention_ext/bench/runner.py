@@ -30,6 +30,7 @@ class BenchConfig:
     contenders: tuple
     full: bool = False
     seed: int = 0
+    bandwidth_bytes: int = 0  # 0: bandwidth.py's default size
     # A non-ours contender whose single checking call took longer than this is not timed.
     skip_timing_after_s: float = 3.0
 
@@ -88,7 +89,7 @@ def run_bench(config: BenchConfig, progress=None) -> BenchResult:
     """progress: an object with .phase(text) and .advance(), or None."""
     progress = progress or _NoProgress()
     progress.phase("memory bandwidth")
-    bandwidth = measure_bandwidth(config.device, config.full)
+    bandwidth = measure_bandwidth(config.device, config.full, config.bandwidth_bytes)
     progress.advance()
     result = BenchResult(config, bandwidth)
     plan = FULL if config.full else QUICK

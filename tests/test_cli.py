@@ -1,0 +1,254 @@
+"""The command users run: `python -m paged_attention_ext info|check|bench` (and cli.main).
+
+Runs in well under a minute: one subprocess each for info and bench (the bench re-execs itself to
+set OMP_WAIT_POLICY), the rest in-process on the `tiny` preset.
+"""
+
+import json
+import math
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import paged_attention_ext  # noqa: F401  (registers torch.ops.paged_attn)
+from paged_attention_ext import backends, cli, reference, selfcheck
+from paged_attention_ext.backends import Backend
+from paged_attention_ext.bench import contenders, presets, runner, timing
+from paged_attention_ext.bench.workload import make_workload
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run_module(*args, env_extra=None, timeout=120):
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "paged_attention_ext", *args], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
+# ---- info ----
+
+def test_info_subprocess_names_backends():
+    proc = _run_module("info")
+    assert proc.returncode == 0, proc.stderr
+    assert torch.__version__ in proc.stdout
+    assert "CPU backend" in proc.stdout and "CUDA backend" in proc.stdout
+    expected_cpu = ("compiled kernel" if backends.compiled_kernel("v2", "CPU")
+                    else "PyTorch fallback")
+    assert expected_cpu in proc.stdout
+    assert torch.backends.cpu.get_cpu_capability() in proc.stdout
+
+
+def test_info_in_process(capsys):
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    for op in backends.OPS:
+        assert f"paged_attn::{op}" in out
+
+
+def test_kernel_info_tells_cpp_from_python():
+    assert backends.kernel_info("aten::add.Tensor", "CPU").origin == "C++"
+    lib = torch.library.Library("paged_attn_clitest", "DEF")
+    lib.define("f(Tensor x) -> Tensor")
+    lib.impl("f", lambda x: x.clone(), "CPU")
+    info = backends.kernel_info("paged_attn_clitest::f", "CPU")
+    assert info.registered and info.origin == "Python"
+    assert not backends.kernel_info("paged_attn_clitest::f", "CUDA").registered
+    assert not backends.kernel_info("paged_attn_clitest::missing", "CPU").registered
+
+
+def _fatbin(entries):
+    """A synthetic CUDA fatbinary: header + (kind, sm) entries with 16-byte payloads."""
+    body = b""
+    for kind, sm in entries:
+        header = struct.pack("<HHIQ", kind, 0x0101, 64, 16) + b"\0" * 12
+        header += struct.pack("<I", sm) + b"\0" * (64 - 32)
+        body += header + b"\xab" * 16
+    return b"junk" + struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body + b"tail"
+
+
+def test_fatbin_archs_reads_entries():
+    blob = _fatbin([(2, 90), (2, 80), (1, 90)])
+    assert backends.fatbin_archs(blob) == ["sm_80", "compute_90", "sm_90"]
+    assert backends.fatbin_archs(b"no fatbin here") == []
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_fatbin_archs_on_a_real_nvcc_library(tmp_path):
+    src = tmp_path / "k.cu"
+    src.write_text("__global__ void k(float* x) { x[threadIdx.x] += 1.f; }\n")
+    lib = tmp_path / "k.so"
+    subprocess.run(["nvcc", "-shared", "-Xcompiler", "-fPIC", "-gencode",
+                    "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=compute_90",
+                    str(src), "-o", str(lib)], check=True, capture_output=True, timeout=120)
+    assert backends.fatbin_archs(lib.read_bytes()) == ["sm_80", "compute_90"]
+
+
+# ---- check ----
+
+def test_check_in_process_passes(capsys):
+    assert cli.main(["check", "--cases", "2", "--seed", "1234"]) == 0
+    out = capsys.readouterr().out
+    assert "seed 1234" in out and "OK:" in out
+
+
+class _WrongOps:
+    """v2 right but out off by a little in one head; v1 drops the last token; cache writes
+    nothing. Each must be caught."""
+
+    @staticmethod
+    def v1(out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens,
+           *rest):
+        shorter = (seq_lens - 1).clamp(min=0)
+        reference.paged_attention_v1(out, query, key_cache, value_cache, num_kv_heads, scale,
+                                     block_tables, shorter, *rest)
+
+    @staticmethod
+    def v2(out, *args):
+        reference.paged_attention_v2(out, *args)
+        out[:, -1] += 1e-2
+
+    @staticmethod
+    def reshape_and_cache(*args):
+        pass
+
+
+def test_check_fails_on_a_wrong_backend(monkeypatch, capsys):
+    wrong = Backend("wrong", "cpu", _WrongOps, "test double")
+    monkeypatch.setattr(selfcheck, "active_backends", lambda: [wrong])
+    assert cli.main(["check", "--cases", "1", "--seed", "7"]) == 1
+    out = capsys.readouterr().out
+    assert out.count("FAIL") >= 3 and "FAILED" in out
+
+
+def test_check_fails_when_an_op_raises(monkeypatch, capsys):
+    class Raising:
+        def v1(*a):
+            raise RuntimeError("boom")
+        v2 = reshape_and_cache = v1
+
+    monkeypatch.setattr(selfcheck, "active_backends",
+                        lambda: [Backend("raising", "cpu", Raising, "")])
+    assert cli.main(["check", "--cases", "1", "--seed", "3"]) == 1
+    assert "RuntimeError: boom" in capsys.readouterr().out
+
+
+def test_check_with_no_backend_fails(monkeypatch):
+    monkeypatch.setattr(selfcheck, "active_backends", lambda: [])
+    assert cli.main(["check", "--cases", "1"]) == 1
+
+
+# ---- bench ----
+
+def _assert_positive_finite(value):
+    assert isinstance(value, (int, float)) and math.isfinite(value) and value > 0, value
+
+
+def test_bench_subprocess_json_and_plot(tmp_path):
+    json_path, png_path = tmp_path / "bench.json", tmp_path / "bench.png"
+    proc = _run_module("bench", "--preset", "tiny", "--no-progress", "--json", str(json_path),
+                       "--plot", str(png_path), "--bandwidth-mib", "64")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(json_path.read_text())
+    assert data["machine"]["omp_wait_policy"] == "PASSIVE"  # set by the re-exec
+    assert data["config"]["mode"] == "quick"
+    _assert_positive_finite(data["bandwidth"]["read_gbps"])
+    _assert_positive_finite(data["bandwidth"]["copy_gbps"])
+    assert data["bandwidth"]["buffer_bytes"] == 64 << 20
+    shapes = presets.preset_shapes(["tiny"], full=False)
+    names = contenders.default_contenders("cpu")
+    assert len(data["results"]) == len(shapes) * len(names)
+    for row in data["results"]:
+        s = row["shape"]
+        # K and V of every token once + q + out, fp32.
+        assert row["bytes"] == 4 * (2 * s["batch"] * s["ctx"] * s["kv_heads"] * s["head"]
+                                    + 2 * s["batch"] * s["heads"] * s["head"])
+        assert row["correct"] is True
+        for key in ("median_ms", "gbps", "pct_of_read_bw", "speedup"):
+            _assert_positive_finite(row[key])
+        assert row["timing"]["reps"] >= 3
+        assert row["timing"]["min_ms"] <= row["median_ms"] <= row["timing"]["max_ms"]
+    assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "gather-sdpa" in proc.stdout  # the table
+
+
+def test_bench_custom_shape_fp8_bf16(tmp_path, capsys):
+    json_path = tmp_path / "b.json"
+    argv = ["bench", "--shape", "batch=2,heads=6,kv_heads=2,head=32,ctx=40/530,block=8",
+            "--dtype", "bfloat16", "--kv-cache-dtype", "fp8_e5m2", "--no-progress",
+            "--contenders", "ours-v2,ours-v1,gather-sdpa,sdpa-dense", "--json", str(json_path),
+            "--bandwidth-mib", "32"]
+    assert cli.main(argv) == 0
+    rows = json.loads(json_path.read_text())["results"]
+    assert [r["shape"]["ctx"] for r in rows] == [40] * 4 + [530] * 4
+    for row in rows:
+        assert row["correct"] is True, row
+        s = row["shape"]
+        assert row["bytes"] == (2 * s["batch"] * s["ctx"] * s["kv_heads"] * s["head"]  # fp8: 1 B
+                                + 2 * 2 * s["batch"] * s["heads"] * s["head"])        # bf16 q, out
+
+
+def test_bench_wrong_contender_exits_nonzero(monkeypatch, capsys):
+    right = contenders.CONTENDERS["ours-v2"]
+
+    def prepare_wrong(work):
+        run = right.prepare(work)
+        return lambda: run() * 1.01
+
+    wrong = contenders.Contender("ours-v2", True, prepare_wrong, "scaled output")
+    monkeypatch.setitem(contenders.CONTENDERS, "ours-v2", wrong)
+    code = cli.main(["bench", "--preset", "tiny", "--no-progress", "--contenders", "ours-v2",
+                     "--bandwidth-mib", "32"])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "FAIL" in captured.out and "INCORRECT" in captured.err
+
+
+def test_bench_usage_errors(capsys):
+    assert cli.main(["bench", "--shape", "heads=6,kv_heads=4"]) == 2
+    assert cli.main(["bench", "--preset", "tiny", "--contenders", "nope"]) == 2
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--quick", "--full"])
+
+
+def test_parse_shape():
+    shapes = presets.parse_shape("batch=3,heads=8,kv_heads=2,head=64,ctx=1k/4k/100k,block=32")
+    assert [s.ctx for s in shapes] == [1024, 4096, 100_000]
+    assert {(s.batch, s.heads, s.kv_heads, s.head, s.block) for s in shapes} == {(3, 8, 2, 64, 32)}
+    assert presets.parse_shape("ctx=300")[0].heads == 32  # Llama-3-8B defaults
+    with pytest.raises(ValueError, match="key=value"):
+        presets.parse_shape("batch=2,depth=3")
+    with pytest.raises(ValueError, match="positive"):
+        presets.parse_shape("batch=0")
+
+
+def test_workload_tables_are_shuffled_and_distinct():
+    work = make_workload(presets.parse_shape("batch=4,heads=4,kv_heads=2,head=32,ctx=200")[0],
+                         torch.float32, "auto", "cpu", seed=5)
+    ids = work.block_tables.flatten()
+    assert ids.unique().numel() == ids.numel()  # no block shared between sequences
+    assert not torch.equal(ids.sort().values, ids)  # not laid out in order
+    assert int(ids.max()) < work.key_cache.shape[0]
+
+
+def test_time_call_measures_wall_time():
+    plan = timing.TimingPlan(warmup=1, max_reps=5, min_reps=3, budget_s=0.0)
+    result = timing.time_call(lambda: time.sleep(0.004), "cpu", plan, flusher=lambda: None)
+    assert result.reps == 3
+    assert 4.0 <= result.median_ms < 200.0
+    assert result.min_ms <= result.q1_ms <= result.median_ms <= result.q3_ms <= result.max_ms
+
+
+def test_speedups_use_vllms_pick():
+    rows = [{"contender": "ours-v1", "median_ms": 2.0}, {"contender": "ours-v2", "median_ms": 4.0},
+            {"contender": "oracle", "median_ms": 10.0}, {"contender": "gather-sdpa",
+                                                         "median_ms": None}]
+    runner._add_speedups(rows, "v1")
+    assert [r["speedup"] for r in rows] == [1.0, 2.0, 5.0, None]
+    assert rows[0]["speedup_ref"] == "ours-v1"
