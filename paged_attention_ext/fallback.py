@@ -1,0 +1,274 @@
+"""Fast, sync-free PyTorch paged attention (v1 / v2) and reshape_and_cache.
+
+Serves every device with no compiled kernel (registered for CompositeExplicitAutograd). Same
+arguments, in vLLM's order, and same results as the oracle (reference.py), which stays the judge.
+
+Algorithm (all sequences at once; no Python loop over sequences, no host sync):
+  1. The token extent is STATIC: v2 covers tmp_out.shape[2] * 512 tokens (capped at the block
+     table's capacity), v1 the capacity max_blocks_per_seq * block_size. It is cut into chunks of
+     whole 512-token partitions (and, for big batches, of sequences); a static Python loop walks
+     them (shapes only, so torch.compile unrolls it and CUDA graphs capture it).
+  2. Per chunk, K and V are gathered ONCE through the block table straight into a matmul-ready
+     layout [kv_heads, seqs, tokens, head_size] (indexing a permuted view of the cache), block ids
+     clamped into [0, num_blocks) so garbage entries past a row's used blocks are never
+     dereferenced out of bounds; half / fp8 chunks are converted to fp32.
+  3. logits = (scale * k_scale * q) . k as one batched matmul with the query viewed as
+     [kv_heads, seqs, 1, group, head_size] (GQA by broadcasting, K/V never expanded per query
+     head), + ALiBi; tokens >= seq_len get logit -inf AND their V rows are zeroed (masked_fill:
+     NaN-poisoned slots must not leak, 0 * NaN = NaN).
+  4. Per partition: max, exp sum, output (one batched matmul P.V); -inf-safe, so an empty
+     partition or seq_len 0 gives zeros, never NaN. v2 writes them (normalised) to the scratch;
+     both fold them into a running (max, sum, out) state with reference.merge_stats (the mirror of
+     csrc/core/compound_state.h), and out = out_sum * inv_sum(sum), rounded once to the dtype.
+Everything is fp32.
+
+Memory bound: no fp32 copy of the KV cache. A chunk gathers at most CHUNK_BYTES (32 MiB) of fp32
+K and as much of V (a chunk is at least one partition of one sequence: kv_heads * 512 *
+head_size * 4 bytes, 1 MiB for 4 KV heads of 128). Peak extra memory is about 4 chunks
+(K and V gathered raw + fp32) plus logits and the outputs: ~130 MiB whatever the context length.
+
+Rows the contract forbids (seq_len < 0 or beyond the block table's capacity, v2 scratch too small
+for the row, a used block id outside [0, num_blocks)) cannot be checked without a host sync on a
+GPU: there the row's output is NaN (loud, never an out-of-bounds read). CPU tensors are cheap to
+read, so on the CPU (outside torch.compile tracing) the data checks run and raise ValueError, as
+the compiled CPU kernel does.
+"""
+
+import math
+
+import torch
+
+from . import validation
+from .reference import _scale_value, encode_cache, inv_sum, merge_stats
+from .validation import PARTITION_SIZE
+
+CHUNK_BYTES = 32 << 20  # fp32 K (and V) gathered per chunk, at most (unless one row-partition is bigger)
+_NEG_INF = float("-inf")
+
+
+def _run_data_checks(device):
+    """Data checks read tensors (a host sync off the CPU): CPU only, and never while tracing."""
+    return device.type == "cpu" and not torch.compiler.is_compiling()
+
+
+# ---- chunk plan (shapes only) ----
+
+def _chunk_plan(num_seqs, num_partitions, bytes_per_row_partition):
+    """Static chunks [(s0, s1, p0, p1)] covering num_seqs x num_partitions, each gathering at most
+    CHUNK_BYTES of fp32 K (at least one partition of one sequence)."""
+    per_partition = num_seqs * bytes_per_row_partition
+    if per_partition <= CHUNK_BYTES:  # all sequences, several partitions per chunk
+        seqs, parts = num_seqs, max(1, CHUNK_BYTES // per_partition)
+    else:  # big batch: one partition, several sequences per chunk
+        seqs, parts = max(1, CHUNK_BYTES // bytes_per_row_partition), 1
+    return [(s0, min(s0 + seqs, num_seqs), p0, min(p0 + parts, num_partitions))
+            for s0 in range(0, num_seqs, seqs) for p0 in range(0, num_partitions, parts)]
+
+
+# ---- gather ----
+
+def _gather_tokens(cache_tokens, block_ids, kind):
+    """cache_tokens: a cache viewed as [kv_heads, num_blocks, block_size, head_size] (V) or
+    [..., head_size / x, x] (K); block_ids int64 [seqs, nb] in range.
+    Returns fp32 [kv_heads, seqs, nb * block_size, head_size] (fp8: decoded, scale NOT applied)."""
+    g = cache_tokens[:, block_ids]  # [kvh, seqs, nb, block_size, ...]: one gather, this layout
+    g = g.flatten(4).flatten(2, 3)  # contiguous: views
+    if kind != "auto":
+        g = g.view(validation.FP8_DTYPES[kind])
+    return g.float() if g.dtype != torch.float32 else g
+
+
+def _chunk_block_ids(block_tables, s0, s1, b0, b1, num_blocks):
+    """int64 [s1 - s0, b1 - b0] block ids clamped into [0, num_blocks); columns past the table
+    (the chunk runs beyond its capacity) read block 0: those tokens are >= seq_len, masked."""
+    ids = block_tables[s0:s1, b0:min(b1, block_tables.shape[1])].long()
+    pad = b1 - b0 - ids.shape[1]
+    if pad > 0:
+        ids = torch.nn.functional.pad(ids, (0, pad))
+    return ids.clamp(0, num_blocks - 1)
+
+
+# ---- one chunk: per-partition states ----
+
+def _chunk_states(q, key_tokens, value_tokens, kind, logit_scale, v_scale, block_tables,
+                  seq_lens, slopes, block_size, num_blocks, s0, s1, p0, p1):
+    """Partition states of sequences [s0, s1), partitions [p0, p1).
+
+    q [kvh, S, 1, group, d] fp32; key_tokens [kvh, num_blocks, block_size, d] and value_tokens
+    likewise (permuted cache views); slopes [kvh, 1, 1, group, 1] fp32 or None.
+    Returns max, sum [kvh, S', C, group] and out [kvh, S', C, group, d] (out UNnormalised).
+    """
+    kvh, _, _, group, head_size = q.shape
+    num_parts = p1 - p0
+    t0, t1 = p0 * PARTITION_SIZE, p1 * PARTITION_SIZE  # the chunk's tokens
+    b0, b1 = t0 // block_size, -(-t1 // block_size)  # blocks covering them
+    offset = t0 - b0 * block_size  # first chunk token inside the gathered blocks
+    ids = _chunk_block_ids(block_tables, s0, s1, b0, b1, num_blocks)
+    seqs = s1 - s0
+
+    def partitions(tokens):  # [kvh, S', nb * block_size, d] -> [kvh, S', C, 512, d]
+        return tokens[:, :, offset:offset + num_parts * PARTITION_SIZE].unflatten(
+            2, (num_parts, PARTITION_SIZE))
+
+    k = partitions(_gather_tokens(key_tokens, ids, kind))
+    v = partitions(_gather_tokens(value_tokens, ids, kind))
+
+    # Token positions [1, S', C, 1, 512] and validity t < seq_len.
+    pos = torch.arange(t0, t1, device=q.device).view(1, 1, num_parts, 1, PARTITION_SIZE)
+    lens = seq_lens[s0:s1].view(1, seqs, 1, 1, 1)
+    valid = pos < lens  # [1, S', C, 1, 512]
+    # NOTE: zero V past seq_len (NaN-poisoned slots: p = 0 is not enough, 0 * NaN = NaN).
+    v = v.masked_fill(~valid.transpose(-1, -2), 0.0)  # [kvh, S', C, 512, d]
+
+    # [kvh, S', 1, g, d] @ [kvh, S', C, d, 512] -> [kvh, S', C, g, 512]
+    logits = torch.matmul(q[:, s0:s1] * logit_scale, k.transpose(-1, -2))
+    if slopes is not None:  # ALiBi: slope * (t - seq_len + 1), 0 at the last token
+        logits = logits + slopes * (pos - lens + 1).float()
+    logits = logits.masked_fill(~valid, _NEG_INF)
+
+    part_max = logits.amax(dim=-1)  # [kvh, S', C, g]; -inf for an empty partition
+    safe_max = torch.where(part_max == _NEG_INF, 0.0, part_max)  # exp(-inf - 0) = 0, never NaN
+    p = torch.exp(logits - safe_max[..., None])
+    part_sum = p.sum(dim=-1)
+    part_out = torch.matmul(p, v)  # [kvh, S', C, g, 512] @ [kvh, S', C, 512, d]
+    if kind != "auto":
+        part_out = part_out * v_scale
+    return part_max, part_sum, part_out
+
+
+def _fold_partitions(part_max, part_sum, part_out):
+    """(max, sum, out) over dim 2 (partitions) of [kvh, S, C, g(, d)] states, -inf safe."""
+    m = part_max.amax(dim=2, keepdim=True)
+    w = torch.where(m == _NEG_INF, 0.0, torch.exp(part_max - m))  # [kvh, S, C, g]
+    return m.squeeze(2), (part_sum * w).sum(dim=2), (part_out * w[..., None]).sum(dim=2)
+
+
+def _to_heads(t):
+    """[kvh, S, C, g(, d)] -> [S, kvh * g, C(, d)] (query head h = kv_head * g + j)."""
+    t = t.transpose(0, 1).transpose(2, 3)  # [S, kvh, g, C(, d)]
+    return t.flatten(1, 2)
+
+
+def _bad_rows(block_tables, seq_lens, block_size, num_blocks, extent):
+    """bool [S]: rows the contract forbids, found without a sync (see the module docstring)."""
+    cols = block_tables.shape[1]
+    used = torch.arange(cols, device=seq_lens.device) * block_size < seq_lens[:, None]
+    bad_id = used & ((block_tables < 0) | (block_tables >= num_blocks))
+    return (seq_lens < 0) | (seq_lens > extent) | bad_id.any(dim=1)
+
+
+def _attention(op, out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache,
+               num_kv_heads, scale, block_tables, seq_lens, block_size, max_seq_len,
+               alibi_slopes, kv_cache_dtype, k_scale, v_scale, tp_rank, bs_local, bs_vert,
+               bs_block, bs_step):
+    kind = validation.check_attention_args(
+        op, out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, num_kv_heads,
+        scale, block_tables, seq_lens, block_size, max_seq_len, alibi_slopes, kv_cache_dtype,
+        k_scale, v_scale, tp_rank, bs_local, bs_vert, bs_block, bs_step)
+    if _run_data_checks(query.device):
+        validation.check_attention_data(op, key_cache, block_tables, seq_lens, block_size,
+                                        tmp_out)
+    num_seqs, num_heads, head_size = query.shape
+    group = num_heads // num_kv_heads
+    num_blocks = key_cache.shape[0]
+    capacity = block_tables.shape[1] * block_size
+    extent = capacity if tmp_out is None else min(capacity, tmp_out.shape[2] * PARTITION_SIZE)
+    num_parts = -(-extent // PARTITION_SIZE) if num_blocks > 0 else 0
+    dev = query.device
+
+    # Token-major views of the caches (no copy): [kvh, num_blocks, block_size, head_size(/x, x)].
+    key_tokens = key_cache.permute(1, 0, 3, 2, 4)
+    value_tokens = value_cache.permute(1, 0, 3, 2)
+    q = query.float().view(num_seqs, num_kv_heads, 1, group, head_size).transpose(0, 1)
+    logit_scale = scale * _scale_value(k_scale, dev) if kind != "auto" else scale
+    vs = _scale_value(v_scale, dev)
+    slopes = None
+    if alibi_slopes is not None:
+        slopes = alibi_slopes.float().view(num_kv_heads, 1, 1, group, 1)
+
+    # Running state per sequence: [kvh, S, g], [kvh, S, g, d].
+    acc_max = torch.full((num_kv_heads, num_seqs, group), _NEG_INF, device=dev)
+    acc_sum = torch.zeros((num_kv_heads, num_seqs, group), device=dev)
+    acc_out = torch.zeros((num_kv_heads, num_seqs, group, head_size), device=dev)
+    row_partition = num_kv_heads * PARTITION_SIZE * head_size * 4
+    for s0, s1, p0, p1 in _chunk_plan(num_seqs, num_parts, row_partition):
+        pmax, psum, pout = _chunk_states(q, key_tokens, value_tokens, kind, logit_scale, vs,
+                                         block_tables, seq_lens, slopes, block_size, num_blocks,
+                                         s0, s1, p0, p1)
+        if tmp_out is not None:  # v2 scratch: the partitions' stats and normalised outputs
+            max_logits[s0:s1, :, p0:p1] = _to_heads(pmax)
+            exp_sums[s0:s1, :, p0:p1] = _to_heads(psum)
+            tmp_out[s0:s1, :, p0:p1] = _to_heads(pout * inv_sum(psum)[..., None])
+        cmax, csum, cout = _fold_partitions(pmax, psum, pout)
+        m, s, fa, fb = merge_stats(acc_max[:, s0:s1], acc_sum[:, s0:s1], cmax, csum)
+        acc_max[:, s0:s1], acc_sum[:, s0:s1] = m, s
+        acc_out[:, s0:s1] = acc_out[:, s0:s1] * fa[..., None] + cout * fb[..., None]
+
+    result = (acc_out * inv_sum(acc_sum)[..., None]).transpose(0, 1).reshape(
+        num_seqs, num_heads, head_size)  # [S, H, d]
+    bad = _bad_rows(block_tables, seq_lens, block_size, num_blocks, extent)
+    out.copy_(torch.where(bad[:, None, None], float("nan"), result))
+
+
+def paged_attention_v1(out, query, key_cache, value_cache, num_kv_heads, scale, block_tables,
+                       seq_lens, block_size, max_seq_len, alibi_slopes, kv_cache_dtype="auto",
+                       k_scale=1.0, v_scale=1.0, tp_rank=0, blocksparse_local_blocks=0,
+                       blocksparse_vert_stride=0, blocksparse_block_size=64,
+                       blocksparse_head_sliding_step=0):
+    """out [num_seqs, num_heads, head_size] <- paged attention (vLLM's v1 contract)."""
+    _attention("v1", out, None, None, None, query, key_cache, value_cache, num_kv_heads, scale,
+               block_tables, seq_lens, block_size, max_seq_len, alibi_slopes, kv_cache_dtype,
+               k_scale, v_scale, tp_rank, blocksparse_local_blocks, blocksparse_vert_stride,
+               blocksparse_block_size, blocksparse_head_sliding_step)
+
+
+def paged_attention_v2(out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache,
+                       num_kv_heads, scale, block_tables, seq_lens, block_size, max_seq_len,
+                       alibi_slopes, kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0, tp_rank=0,
+                       blocksparse_local_blocks=0, blocksparse_vert_stride=0,
+                       blocksparse_block_size=64, blocksparse_head_sliding_step=0):
+    """out as v1; exp_sums / max_logits / tmp_out hold every partition's max, exp sum and output
+    normalised by its exp sum (query dtype) for p < ceil(seq_len / 512); beyond: unspecified."""
+    _attention("v2", out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache,
+               num_kv_heads, scale, block_tables, seq_lens, block_size, max_seq_len,
+               alibi_slopes, kv_cache_dtype, k_scale, v_scale, tp_rank, blocksparse_local_blocks,
+               blocksparse_vert_stride, blocksparse_block_size, blocksparse_head_sliding_step)
+
+
+# ---- reshape_and_cache ----
+
+def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype="auto",
+                      k_scale=1.0, v_scale=1.0):
+    """Write token i's key/value [num_kv_heads, head_size] into slot slot_mapping[i] of the caches.
+
+    Sync-free: every token writes (one index_put_ per cache, no boolean-mask indexing). A skipped
+    token (negative slot = padding; off the CPU also a slot >= num_slots, which the CPU rejects)
+    is redirected to the first live token's slot carrying that token's bytes (a duplicate write
+    of identical bytes), or, with no live token, rewrites slot 0 with its own current bytes.
+    """
+    op = "reshape_and_cache"
+    kind = validation.check_cache_args(op, key, value, key_cache, value_cache, slot_mapping,
+                                       kv_cache_dtype, k_scale, v_scale)
+    if _run_data_checks(key.device):
+        validation.check_cache_data(op, key_cache, slot_mapping)
+    num_tokens, kvh, head_size = key.shape
+    num_blocks, block_size, x = key_cache.shape[0], key_cache.shape[3], key_cache.shape[4]
+    if num_tokens == 0 or num_blocks == 0:
+        return
+    k = encode_cache(key, kind, _scale_value(k_scale, key.device))  # [N, kvh, d]
+    k = k.reshape(num_tokens, kvh, head_size // x, x)  # [N, kvh, d/x, x]
+    v = encode_cache(value, kind, _scale_value(v_scale, key.device))  # [N, kvh, d]
+
+    live = (slot_mapping >= 0) & (slot_mapping < num_blocks * block_size)  # [N]
+    first = torch.argmax(live.to(torch.int32)).view(1)  # the first live token (0 if none)
+    any_live = live.any()
+    slot = torch.where(live, slot_mapping, torch.where(any_live, slot_mapping[first], 0))
+    blocks, offsets = slot // block_size, slot % block_size
+    # Current bytes of slot 0 (block 0, offset 0): what a no-live-token call writes back.
+    k_fill = torch.where(any_live, k[first], key_cache[0, :, :, 0, :][None])  # [1, kvh, d/x, x]
+    v_fill = torch.where(any_live, v[first], value_cache[0, :, :, 0][None])  # [1, kvh, d]
+    k = torch.where(live[:, None, None, None], k, k_fill)
+    v = torch.where(live[:, None, None], v, v_fill)
+    # key_cache[b, :, :, o, :] is [kvh, d/x, x]; value_cache[b, :, :, o] is [kvh, d].
+    key_cache[blocks, :, :, offsets, :] = k
+    value_cache[blocks, :, :, offsets] = v
