@@ -52,8 +52,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="custom shape, e.g. batch=8,heads=32,kv_heads=8,head=128,"
                             "ctx=1k/4k,block=16 (repeatable)")
     bench.add_argument("--contenders", default=None,
-                       help="comma-separated subset of: ours-v2, ours-v1, oracle, gather-sdpa, "
-                            "sdpa-dense")
+                       help="comma-separated subset of: ours-v2, ours-v1, oracle, fallback, "
+                            "gather-sdpa, sdpa-dense (default: all but fallback; sdpa-dense "
+                            "on CUDA only)")
     bench.add_argument("--json", metavar="PATH", help="write all results as JSON")
     bench.add_argument("--plot", metavar="FILE.png", help="GB/s vs context length (matplotlib)")
     bench.add_argument("--markdown", metavar="PATH", help="write the table as Markdown")

@@ -60,6 +60,12 @@ def _prepare_v2(fn):
     return prepare
 
 
+def _prepare_fallback(work):
+    from .. import fallback  # the PyTorch implementation devices without a kernel get
+
+    return _prepare_v2(fallback.paged_attention_v2)(work)
+
+
 def _gather_dense(work: Workload):
     """K, V of every sequence as [batch, kv_heads, ctx, head] (query dtype), through the block
     tables: what a PyTorch user without a paged kernel writes."""
@@ -100,6 +106,9 @@ CONTENDERS = {
                          "torch.ops.paged_attn.v1"),
     "oracle": Contender("oracle", False, _prepare_v2(reference.paged_attention_v2),
                         "paged_attention_ext.reference.paged_attention_v2 (pure PyTorch)"),
+    "fallback": Contender("fallback", False, _prepare_fallback,
+                          "paged_attention_ext.fallback.paged_attention_v2 (what torch.ops runs "
+                          "on a device with no compiled kernel)"),
     "gather-sdpa": Contender("gather-sdpa", False, _prepare_gather_sdpa,
                              "gather K/V through block tables + F.scaled_dot_product_attention"),
     "sdpa-dense": Contender("sdpa-dense", False, _prepare_dense_sdpa,

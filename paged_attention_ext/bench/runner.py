@@ -31,8 +31,9 @@ class BenchConfig:
     full: bool = False
     seed: int = 0
     bandwidth_bytes: int = 0  # 0: bandwidth.py's default size
-    # A non-ours contender whose single checking call took longer than this is not timed.
-    skip_timing_after_s: float = 3.0
+    # A non-ours contender whose single checking call took longer than this is not timed
+    # (None: 3 s with --quick, 20 s with --full).
+    skip_timing_after_s: Optional[float] = None
 
 
 @dataclass
@@ -122,7 +123,8 @@ def _bench_shape(shape: Shape, config: BenchConfig, plan, flusher, bandwidth, pr
         run = contender.prepare(work)
         row.update(_check(name, run, expected, work, config.device))
         too_slow = max(row["first_call_s"], oracle_s if name == "oracle" else 0.0)
-        if not contender.ours and too_slow > config.skip_timing_after_s:
+        limit = config.skip_timing_after_s or (20.0 if config.full else 3.0)
+        if not contender.ours and too_slow > limit:
             row["note"] = f"not timed: one call took {too_slow:.1f} s"
         else:
             progress.phase(f"{shape.label}: {name} (timing)")
