@@ -210,6 +210,25 @@ def test_bench_wrong_contender_exits_nonzero(monkeypatch, capsys):
     assert "FAIL" in captured.out and "INCORRECT" in captured.err
 
 
+def test_bench_contender_that_raises_is_a_failure(monkeypatch, capsys, tmp_path):
+    def prepare_raising(work):
+        def run():
+            raise RuntimeError("unsupported head size")
+        return run
+
+    monkeypatch.setitem(contenders.CONTENDERS, "gather-sdpa",
+                        contenders.Contender("gather-sdpa", False, prepare_raising, "raises"))
+    json_path = tmp_path / "b.json"
+    code = cli.main(["bench", "--preset", "tiny", "--no-progress", "--bandwidth-mib", "32",
+                     "--contenders", "ours-v2,gather-sdpa", "--json", str(json_path)])
+    assert code == 1
+    rows = json.loads(json_path.read_text())["results"]
+    raised = [r for r in rows if r["contender"] == "gather-sdpa"]
+    assert raised and all(r["correct"] is False and "unsupported head size" in r["note"]
+                          for r in raised)
+    assert all(r["correct"] is True for r in rows if r["contender"] == "ours-v2")
+
+
 def test_bench_usage_errors(capsys):
     assert cli.main(["bench", "--shape", "heads=6,kv_heads=4"]) == 2
     assert cli.main(["bench", "--preset", "tiny", "--contenders", "nope"]) == 2

@@ -120,8 +120,14 @@ def _bench_shape(shape: Shape, config: BenchConfig, plan, flusher, bandwidth, pr
             progress.advance()
             continue
         progress.phase(f"{shape.label}: {name} (check)")
-        run = contender.prepare(work)
-        row.update(_check(name, run, expected, work, config.device))
+        try:
+            run = contender.prepare(work)
+            row.update(_check(name, run, expected, work, config.device))
+        except Exception as exc:  # e.g. a head size a kernel is not compiled for
+            row.update(correct=False, note=f"error: {type(exc).__name__}: {exc}".splitlines()[0])
+            rows.append(row)
+            progress.advance()
+            continue
         too_slow = max(row["first_call_s"], oracle_s if name == "oracle" else 0.0)
         limit = config.skip_timing_after_s or (20.0 if config.full else 3.0)
         if not contender.ours and too_slow > limit:
