@@ -82,10 +82,11 @@ def kernel_info(qualified: str, key: str) -> KeyInfo:
     ("paged_attn::v2"), and from which language? _dispatch_dump lines read
     'CPU: registered at /path/file.cpp:42 :: ...'; anything but a C/C++/CUDA source file there
     (a .py file, '<string>') is a Python registration."""
-    if not _op_exists(qualified) or not torch._C._dispatch_has_kernel_for_dispatch_key(qualified, key):
+    if not (_op_exists(qualified)
+            and torch._C._dispatch_has_kernel_for_dispatch_key(qualified, key)):
         return KeyInfo(False, "", "")
-    match = re.search(rf"^{key}(?:\[alias\])?: registered at (\S+)", torch._C._dispatch_dump(qualified),
-                      re.MULTILINE)
+    match = re.search(rf"^{key}(?:\[alias\])?: registered at (\S+)",
+                      torch._C._dispatch_dump(qualified), re.MULTILINE)
     where = match.group(1) if match else "?"
     origin = "C++" if re.search(r"\.(cpp|cc|cxx|cu|cuh|h|hpp)(:\d+)?$", where) else "Python"
     return KeyInfo(True, origin, where)
@@ -188,7 +189,8 @@ def active_backends(det: Optional[Detection] = None) -> list:
     if det.cuda_available:
         cuda_compiled = all(compiled_kernel(op, "CUDA") for op in OPS)
         name = "cuda-kernel" if cuda_compiled else "python-fallback-cuda"
-        detail = ("archs " + ", ".join(det.cuda_archs)) if cuda_compiled else "no compiled CUDA kernel"
+        detail = ("archs " + ", ".join(det.cuda_archs) if cuda_compiled
+                  else "no compiled CUDA kernel")
         backends.append(Backend(name, "cuda", torch.ops.paged_attn, detail))
     return backends
 

@@ -45,7 +45,8 @@ def measure_bandwidth(device: str, full: bool = False, buffer_bytes: int = 0) ->
     size = buffer_bytes or buffer_bytes_for(device, full)
     src = torch.ones(size // 4, dtype=torch.float32, device=device)  # touched: no page faults
     dst = torch.empty_like(src).fill_(0.0)
-    plan = TimingPlan(warmup=1, max_reps=9 if full else 5, min_reps=3, budget_s=5.0 if full else 1.5)
+    plan = TimingPlan(warmup=1, max_reps=9 if full else 5, min_reps=3,
+                      budget_s=5.0 if full else 1.5)
     read = time_call(lambda: src.sum(), device, plan, _NoFlush())
     copy = time_call(lambda: dst.copy_(src), device, plan, _NoFlush())
     nbytes = src.numel() * 4

@@ -58,7 +58,8 @@ def _random_cache(shape, dtype, kv_cache_dtype, scale, device, gen):
     if kv_cache_dtype == "auto":
         return values
     fp8 = FP8_DTYPES[kv_cache_dtype]
-    return (values / scale).clamp(-torch.finfo(fp8).max, torch.finfo(fp8).max).to(fp8).view(torch.uint8)
+    fmax = torch.finfo(fp8).max
+    return (values / scale).clamp(-fmax, fmax).to(fp8).view(torch.uint8)
 
 
 def make_workload(shape: Shape, dtype: torch.dtype, kv_cache_dtype: str, device: str,
@@ -93,4 +94,5 @@ def decode(cache: torch.Tensor, work: Workload, scale: float) -> torch.Tensor:
     """Cache elements as the query dtype (fp8 bytes decoded and scaled)."""
     if work.kv_cache_dtype == "auto":
         return cache
-    return (cache.view(FP8_DTYPES[work.kv_cache_dtype]).to(torch.float32) * scale).to(work.query.dtype)
+    values = cache.view(FP8_DTYPES[work.kv_cache_dtype]).to(torch.float32) * scale
+    return values.to(work.query.dtype)
