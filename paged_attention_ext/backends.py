@@ -187,11 +187,16 @@ def active_backends(det: Optional[Detection] = None) -> list:
         backends.append(Backend("python-fallback", "cpu", torch.ops.paged_attn,
                                 "via torch.ops (no compiled CPU kernel)"))
     if det.cuda_available:
-        cuda_compiled = all(compiled_kernel(op, "CUDA") for op in OPS)
-        name = "cuda-kernel" if cuda_compiled else "python-fallback-cuda"
-        detail = ("archs " + ", ".join(det.cuda_archs) if cuda_compiled
-                  else "no compiled CUDA kernel")
-        backends.append(Backend(name, "cuda", torch.ops.paged_attn, detail))
+        if all(compiled_kernel(op, "CUDA") for op in OPS):
+            backends.append(Backend("cuda-kernel", "cuda", torch.ops.paged_attn,
+                                    "archs " + (", ".join(det.cuda_archs) or "unknown")))
+            fallback = _fallback_ops()
+            if fallback is not None:
+                backends.append(Backend("python-fallback-cuda", "cuda", fallback,
+                                        "called directly"))
+        else:
+            backends.append(Backend("python-fallback-cuda", "cuda", torch.ops.paged_attn,
+                                    "via torch.ops (no compiled CUDA kernel)"))
     return backends
 
 
@@ -199,7 +204,6 @@ def op_backend_name(device: str) -> str:
     """What torch.ops.paged_attn.v2 runs on `device`: 'C++ kernel' or 'Python fallback'."""
     key = "CUDA" if device.startswith("cuda") else "CPU"
     return "C++ kernel" if compiled_kernel("v2", key) else "Python fallback"
-
 
 
 def describe(det: Detection) -> list:
