@@ -1,0 +1,9 @@
+"""Integrations of the paged ops into model code.
+
+- `paged_kv_cache`: a framework-free paged KV pool (one key/value cache pair per layer in this
+  project's layout), a block allocator handing out shuffled blocks, and the per-step metadata
+  (slot_mapping, block_tables, seq_lens) the ops take.
+- `transformers`: runs a Hugging Face transformers causal LM's decode with its KV cache in that
+  pool; attention goes through `torch.ops.paged_attn.*` via transformers' AttentionInterface.
+  Needs the optional `transformers` dependency; nothing here imports it until that module is used.
+"""
