@@ -9,7 +9,7 @@
 //   spans   the partition's blocks from the block table: 64-bit element offset of the block's
 //           [kv_head] slice and the slot range [lo, hi) of the partition's tokens in it.
 //   QK      per block, K viewed as rows [head_size / x][block_size * x]; a 16-lane vector holds
-//           16 / x tokens x x dims. acc[g] += K_vec * qpat[g][c] over the head_size / x rows c
+//           16 / x tokens x x dims. acc[g][j] += K_vec[j] * qpat[g][c] over the rows c
 //           (qpat = q's x dims of row c repeated 16 / x times, pre-scaled), then a segmented sum
 //           over each token's x lanes gives its logit. One K load feeds every head of the tile.
 //   softmax m = max, p = exp(l - m) (vectorised exp), s = sum p, per head.
@@ -17,8 +17,8 @@
 //           p[g][tokens] * V[d][tokens] over all blocks of the partition; one horizontal
 //           reduction per (g, d) at the end. V rows are [block_size] contiguous per d.
 // Slots outside [lo, hi) are masked to zero in BOTH p and V loads (0 * NaN would be NaN).
-// Prefetch: while computing QK on block i, block i + 2's K and block i's V are prefetched
-// (addresses known from the block table), so PV finds V in L2.
+// Prefetch (addresses known from the block table): while scoring block i, block i + 4's K and
+// block i's V are prefetched into L2, so PV finds the partition's V there.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -158,50 +158,60 @@ struct TaskShape {
 
 // logits[g][span.buf + slot] for all bs slots of one block, heads [0, GT) of a tile.
 // kblk: [C][R] cache elements; qpat: [GT][C][16] floats; logits: [GT][L].
-template <typename Cache, int GT>
+// JT vectors (16 * JT elements) of each row per pass: with 16 * JT >= R (bs = 16, fp32) the
+// block is read front to back, which the hardware prefetcher follows.
+template <typename Cache, int GT, int JT>
 PA_AVX512 void qk_block(const typename Cache::storage* kblk, const float* qpat,
                         const TaskShape& s, float* logits) {
   const __mmask16 first_lanes = s.x == 4 ? 0x1111 : s.x == 8 ? 0x0101 : 0x0001;
-  for (int j = 0; j < s.R; j += 32) {
-    const int r0 = std::min(16, s.R - j), r1 = std::max(0, std::min(16, s.R - j - 16));
-    const __mmask16 m0 = lanes(0, r0), m1 = lanes(0, r1);
-    __m512 acc[GT][2];
+  for (int j = 0; j < s.R; j += 16 * JT) {
+    __mmask16 m[JT];
+    int ntok[JT];
+#pragma GCC unroll 8
+    for (int jt = 0; jt < JT; ++jt) {
+      const int r = std::max(0, std::min(16, s.R - j - 16 * jt));  // elements in vector jt
+      m[jt] = lanes(0, r);
+      ntok[jt] = r / s.x;
+    }
+    __m512 acc[GT][JT];
 #pragma GCC unroll 4
-    for (int g = 0; g < GT; ++g) acc[g][0] = acc[g][1] = _mm512_setzero_ps();
+    for (int g = 0; g < GT; ++g)
+#pragma GCC unroll 8
+      for (int jt = 0; jt < JT; ++jt) acc[g][jt] = _mm512_setzero_ps();
     for (int c = 0; c < s.C; ++c) {
       const auto* kp = kblk + static_cast<int64_t>(c) * s.R + j;
-      const __m512 k0 = Load<Cache>::at(kp, m0);
-      const __m512 k1 = Load<Cache>::at(kp + 16, m1);
+      __m512 kv[JT];
+#pragma GCC unroll 8
+      for (int jt = 0; jt < JT; ++jt) kv[jt] = Load<Cache>::at(kp + 16 * jt, m[jt]);
 #pragma GCC unroll 4
       for (int g = 0; g < GT; ++g) {
         const __m512 qv = _mm512_loadu_ps(qpat + (g * s.C + c) * 16);
-        acc[g][0] = _mm512_fmadd_ps(k0, qv, acc[g][0]);
-        acc[g][1] = _mm512_fmadd_ps(k1, qv, acc[g][1]);
+#pragma GCC unroll 8
+        for (int jt = 0; jt < JT; ++jt) acc[g][jt] = _mm512_fmadd_ps(kv[jt], qv, acc[g][jt]);
       }
     }
-    const int tok = j / s.x, n0 = r0 / s.x, n1 = r1 / s.x;
 #pragma GCC unroll 4
     for (int g = 0; g < GT; ++g) {
-      float* dst = logits + g * s.L + tok;
-      _mm512_mask_storeu_ps(dst, lanes(0, n0),
-                            _mm512_maskz_compress_ps(first_lanes, segmented_sum(acc[g][0], s.x)));
-      if (n1 > 0)
+      float* dst = logits + g * s.L + j / s.x;
+#pragma GCC unroll 8
+      for (int jt = 0; jt < JT; ++jt) {
+        if (ntok[jt] == 0) break;
         _mm512_mask_storeu_ps(
-            dst + n0, lanes(0, n1),
-            _mm512_maskz_compress_ps(first_lanes, segmented_sum(acc[g][1], s.x)));
+            dst + jt * (16 / s.x), lanes(0, ntok[jt]),
+            _mm512_maskz_compress_ps(first_lanes, segmented_sum(acc[g][jt], s.x)));
+      }
     }
   }
 }
 
-// out[g][d] = norm[g] * sum over the partition's tokens of p[g][t] * V[t][d], heads [0, GT).
-// probs: [GT][L]; out: GT rows of D floats, row g at out + g * out_stride.
-template <typename Cache, int GT>
+// out[g][d] = norm[g] * sum over the partition's tokens of p[g][t] * V[t][d], heads [0, GT),
+// head dims in tiles of DT (D % DT == 0). probs: [GT][L]; out row g at out + g * out_stride.
+template <typename Cache, int GT, int DT>
 PA_AVX512 void pv_tile(const typename Cache::storage* V, const Span* spans, int nspans,
                        const float* probs, const TaskShape& s, const float* norm, float* out,
                        int64_t out_stride) {
-  constexpr int DT = GT <= 2 ? 8 : 4;  // head dims per register tile (GT * DT accumulators)
+  static_assert(DT % 4 == 0, "reduce4 takes 4 head dims at a time");
   for (int d0 = 0; d0 < s.D; d0 += DT) {
-    const int dn = std::min(DT, s.D - d0);  // D % 4 == 0 always; DT = 8 may leave 4
     __m512 acc[GT][DT];
 #pragma GCC unroll 8
     for (int g = 0; g < GT; ++g)
@@ -215,26 +225,19 @@ PA_AVX512 void pv_tile(const typename Cache::storage* V, const Span* spans, int 
         __m512 pv[GT];
 #pragma GCC unroll 4
         for (int g = 0; g < GT; ++g) pv[g] = _mm512_maskz_loadu_ps(m, probs + g * s.L + sp.buf + tc);
-        if (dn == DT) {
 #pragma GCC unroll 8
-          for (int dt = 0; dt < DT; ++dt) {
-            const __m512 vr = Load<Cache>::at(vb + static_cast<int64_t>(dt) * s.bs + tc, m);
+        for (int dt = 0; dt < DT; ++dt) {
+          const __m512 vr = Load<Cache>::at(vb + static_cast<int64_t>(dt) * s.bs + tc, m);
 #pragma GCC unroll 4
-            for (int g = 0; g < GT; ++g) acc[g][dt] = _mm512_fmadd_ps(vr, pv[g], acc[g][dt]);
-          }
-        } else {
-          for (int dt = 0; dt < dn; ++dt) {
-            const __m512 vr = Load<Cache>::at(vb + static_cast<int64_t>(dt) * s.bs + tc, m);
-#pragma GCC unroll 4
-            for (int g = 0; g < GT; ++g) acc[g][dt] = _mm512_fmadd_ps(vr, pv[g], acc[g][dt]);
-          }
+          for (int g = 0; g < GT; ++g) acc[g][dt] = _mm512_fmadd_ps(vr, pv[g], acc[g][dt]);
         }
       }
     }
 #pragma GCC unroll 4
     for (int g = 0; g < GT; ++g) {
       const __m128 scale = _mm_set1_ps(norm[g]);
-      for (int dt = 0; dt < dn; dt += 4) {
+#pragma GCC unroll 2
+      for (int dt = 0; dt < DT; dt += 4) {
         const __m128 sums = reduce4(acc[g][dt], acc[g][dt + 1], acc[g][dt + 2], acc[g][dt + 3]);
         _mm_storeu_ps(out + g * out_stride + d0 + dt, _mm_mul_ps(sums, scale));
       }
@@ -281,14 +284,15 @@ PA_AVX512 void run_head_tile(const PagedAttentionParams& p, const KernelInputs& 
       for (int l = 0; l < 16; ++l)
         qpat[(g * s.C + c) * 16 + l] = in.qk_scale * q[g * s.D + c * s.x + l % s.x];
 
-  // QK over the partition's blocks, prefetching ahead.
-  constexpr int kAhead = 2;
+  // QK over the partition's blocks. Prefetch into L2: K kAhead blocks ahead, and V of the
+  // block being scored, so the PV pass below finds the partition's V in L2 (<= 256 KiB).
+  constexpr int kAhead = 4;
   for (int i = 0; i < std::min(kAhead, nspans); ++i)
-    prefetch_bytes<_MM_HINT_T0>(K + spans[i].offset, s.kv_bytes);
+    prefetch_bytes<_MM_HINT_T1>(K + spans[i].offset, s.kv_bytes);
   for (int i = 0; i < nspans; ++i) {
-    if (i + kAhead < nspans) prefetch_bytes<_MM_HINT_T0>(K + spans[i + kAhead].offset, s.kv_bytes);
+    if (i + kAhead < nspans) prefetch_bytes<_MM_HINT_T1>(K + spans[i + kAhead].offset, s.kv_bytes);
     prefetch_bytes<_MM_HINT_T1>(V + spans[i].offset, s.kv_bytes);
-    qk_block<Cache, GT>(K + spans[i].offset, qpat, s, logits + spans[i].buf);
+    qk_block<Cache, GT, (GT <= 2 ? 8 : 4)>(K + spans[i].offset, qpat, s, logits + spans[i].buf);
   }
 
   // Softmax per head over the partition's tokens; ALiBi bias first.
@@ -309,8 +313,12 @@ PA_AVX512 void run_head_tile(const PagedAttentionParams& p, const KernelInputs& 
     norm[g] = in.v_scale / sum;
   }
 
-  pv_tile<Cache, GT>(V, spans, nspans, logits, s, norm, in.part_out + row0 * s.D,
-                     static_cast<int64_t>(in.num_partitions) * s.D);
+  float* out = in.part_out + row0 * s.D;
+  const int64_t out_stride = static_cast<int64_t>(in.num_partitions) * s.D;
+  if (GT <= 2 && s.D % 8 == 0)  // fewer heads: wider dim tiles keep 8+ accumulators busy
+    pv_tile<Cache, GT, 8>(V, spans, nspans, logits, s, norm, out, out_stride);
+  else
+    pv_tile<Cache, GT, 4>(V, spans, nspans, logits, s, norm, out, out_stride);
 }
 
 template <typename Cache>

@@ -1,0 +1,128 @@
+"""Focused benchmark of the CPU kernel (torch.ops.paged_attn.v1/v2) against gather+SDPA and the oracle.
+
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python scripts/bench_cpu.py [--shapes llama4k,...] [--reps N]
+
+Per shape: median ms over reps after a warm-up, with the last-level cache flushed (a 256 MiB
+buffer read) before every timed call so K/V come from memory; GB/s = bytes that must move (K and V
+of every token once, plus q and out) / time; % of the read bandwidth measured in the same run
+(sum over a 2 GiB tensor). Peers: gather+SDPA (index the blocks into contiguous K/V, then
+F.scaled_dot_product_attention per sequence) and the oracle (paged_attention_ext.reference),
+timed once each since they are slow. The machine is shared: compare within one run.
+"""
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (PERF-NOTES.md)
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import paged_attention_ext  # noqa: E402,F401
+from paged_attention_ext import reference, testing  # noqa: E402
+
+# name -> (num_seqs, num_heads, num_kv_heads, head_size, block_size, ctx)
+SHAPES = {
+    "llama1k": (8, 32, 8, 128, 16, 1024),
+    "llama4k": (8, 32, 8, 128, 16, 4096),
+    "llama16k": (8, 32, 8, 128, 16, 16384),
+    "mha4k": (4, 32, 32, 128, 16, 4096),
+    "qwen100k": (1, 24, 4, 256, 16, 100000),
+    "short256": (64, 32, 8, 128, 16, 256),
+}
+
+_FLUSH = None
+
+
+def flush_cache():
+    global _FLUSH
+    if _FLUSH is None:
+        _FLUSH = torch.ones(64 * 1024 * 1024)  # 256 MiB
+    _FLUSH.sum()
+
+
+def measure_bandwidth():
+    t = torch.ones(512 * 1024 * 1024)  # 2 GiB
+    t.sum()
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        t.sum()
+        times.append(time.perf_counter() - t0)
+    return t.numel() * 4 / min(times) / 1e9
+
+
+def timed(fn, reps, flush=True):
+    fn()  # warm-up
+    times = []
+    for _ in range(reps):
+        if flush:
+            flush_cache()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def gather_sdpa(inp):
+    """Peer: gather each sequence's blocks into contiguous K/V, then SDPA (GQA)."""
+    kc, vc = inp.key_cache, inp.value_cache
+    nb, kvh, dx, bs, x = kc.shape
+    out = []
+    for s, n in enumerate(inp.seq_lens_list):
+        ids = inp.block_tables[s, :math.ceil(n / bs)].long()
+        k = kc[ids].permute(1, 0, 3, 2, 4).reshape(kvh, -1, dx * x)[:, :n]
+        v = vc[ids].permute(1, 0, 3, 2).reshape(kvh, -1, dx * x)[:, :n]
+        q = inp.query[s].unsqueeze(1)  # [heads, 1, d]
+        out.append(F.scaled_dot_product_attention(q[None], k[None], v[None], scale=inp.scale,
+                                                  enable_gqa=True)[0, :, 0])
+    return torch.stack(out)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--peers", action="store_true", help="also time gather+SDPA and the oracle")
+    ap.add_argument("--op", default="v2", choices=["v1", "v2"])
+    args = ap.parse_args()
+    bw = measure_bandwidth()
+    print(f"threads={torch.get_num_threads()} OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']} "
+          f"read bandwidth {bw:.1f} GB/s")
+    print(f"{'shape':10} {'dtype':9} {'ms':>8} {'GB/s':>6} {'%bw':>5} {'sdpa ms':>8} "
+          f"{'x sdpa':>6} {'oracle ms':>9} {'x oracle':>8}")
+    for name in args.shapes.split(","):
+        ns, nh, nkv, d, bs, ctx = SHAPES[name]
+        for dt in args.dtypes.split(","):
+            dtype = getattr(torch, dt)
+            lens = [ctx] * ns
+            inp = testing.make_attention_inputs(ns, nh, nkv, d, bs, lens, dtype=dtype,
+                                                poison=False, extra_blocks=0)
+            esize = inp.key_cache.element_size()
+            nbytes = 2 * sum(lens) * nkv * d * esize + 2 * ns * nh * d * inp.query.element_size()
+            if args.op == "v2":
+                outs = testing.alloc_v2_outputs(inp)
+                fn = lambda: testing.call_v2(torch.ops.paged_attn.v2, inp, outs)  # noqa: E731
+            else:
+                out = testing.alloc_v1_outputs(inp)
+                fn = lambda: testing.call_v1(torch.ops.paged_attn.v1, inp, out)  # noqa: E731
+            ms = timed(fn, args.reps)
+            gbs = nbytes / ms / 1e6
+            line = f"{name:10} {dt:9} {ms:8.2f} {gbs:6.1f} {100 * gbs / bw:5.0f}"
+            if args.peers:
+                sdpa = timed(lambda: gather_sdpa(inp), 2)
+                orc_out = testing.alloc_v2_outputs(inp)
+                orc = timed(lambda: testing.call_v2(reference.paged_attention_v2, inp, orc_out), 1)
+                line += f" {sdpa:8.1f} {sdpa / ms:6.1f} {orc:9.1f} {orc / ms:8.1f}"
+            print(line, flush=True)
+            del inp
+
+
+if __name__ == "__main__":
+    main()

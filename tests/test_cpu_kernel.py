@@ -1,0 +1,177 @@
+"""The compiled CPU kernels (csrc/cpu) against the oracle (paged_attention_ext.reference).
+
+Every case runs both CPU kernels: the AVX-512 one (default where the CPU has it) and the portable
+one (PAGED_ATTN_CPU_KERNEL=generic). Inputs come from paged_attention_ext.testing: N(0,1) q/k/v
+with a sharp softmax, shuffled block tables with garbage past each row, NaN in every cache slot
+no sequence uses, outputs pre-filled with NaN. v2 is compared on all four outputs (scratch only
+in the partitions a row has), v1 on `out`; reshape_and_cache bit for bit.
+"""
+
+import threading
+
+import pytest
+import torch
+
+import paged_attention_ext
+from paged_attention_ext import reference, testing
+
+pytestmark = pytest.mark.skipif(not paged_attention_ext.extension_loaded(),
+                                reason="compiled extension not built")
+
+OPS = torch.ops.paged_attn
+
+
+@pytest.fixture(params=["default", "generic"])
+def kernel(request, monkeypatch):
+    """Which CPU kernel runs: the launcher reads PAGED_ATTN_CPU_KERNEL on every call."""
+    if request.param == "generic":
+        monkeypatch.setenv("PAGED_ATTN_CPU_KERNEL", "generic")
+    else:
+        monkeypatch.delenv("PAGED_ATTN_CPU_KERNEL", raising=False)
+    return request.param
+
+
+def check_v1_v2(inp, extra_partitions=0):
+    """Run v2 and v1 (kernel) and the oracle's v2 on the same inputs; compare everything."""
+    p = max(1, max(map(testing.num_partitions, inp.seq_lens_list), default=0))
+    got = testing.call_v2(OPS.v2, inp, testing.alloc_v2_outputs(inp, p + extra_partitions))
+    want = testing.call_v2(reference.paged_attention_v2, inp,
+                           testing.alloc_v2_outputs(inp, p + extra_partitions))
+    testing.assert_v2_matches(got, want, inp.seq_lens_list, inp.dtype, inp.kv_cache_dtype)
+    out1 = testing.call_v1(OPS.v1, inp, testing.alloc_v1_outputs(inp))
+    testing.assert_out_matches(out1, want.out, inp.dtype, inp.kv_cache_dtype, name="v1 out")
+
+
+# (dtype, kv_cache_dtype, num_heads, num_kv_heads, head_size, block_size, seq_lens, alibi)
+CASES = [
+    (torch.float32, "auto", 8, 2, 128, 16, [1, 511, 512, 513, 0, 1537], False),  # GQA 4
+    (torch.bfloat16, "auto", 12, 2, 256, 16, [700, 33], True),  # GQA 6, ALiBi
+    (torch.float16, "auto", 8, 8, 80, 5, [511, 1030], False),  # MHA, odd block size
+    (torch.float32, "auto", 8, 1, 64, 8, [300, 1025], True),  # MQA (GQA 8)
+    (torch.float32, "auto", 6, 2, 24, 32, [77, 600], False),  # head 24 (odd multiple of x=4)
+    (torch.bfloat16, "auto", 4, 1, 40, 16, [513, 5], False),  # head 40 (odd multiple of x=8)
+    (torch.float32, "fp8", 8, 2, 64, 16, [300, 1025], True),  # fp8 e4m3, x = 16
+    (torch.bfloat16, "fp8_e4m3", 6, 1, 128, 8, [1, 600], False),
+    (torch.float16, "fp8_e5m2", 4, 2, 48, 32, [77, 513], False),  # head 48 = 3 * 16
+    (torch.float32, "auto", 4, 2, 32, 1, [5, 513], False),  # block size 1
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{str(c[0])[6:]}-{c[1]}-h{c[2]}/{c[3]}"
+                         f"-d{c[4]}-bs{c[5]}{'-alibi' if c[7] else ''}")
+def test_matches_oracle(kernel, case):
+    dtype, kv, nh, nkv, d, bs, lens, alibi = case
+    inp = testing.make_attention_inputs(len(lens), nh, nkv, d, bs, lens, dtype=dtype,
+                                        kv_cache_dtype=kv, use_alibi=alibi, seed=len(lens) + d)
+    check_v1_v2(inp)
+
+
+@pytest.mark.parametrize("scale_as_tensor", [False, True])
+def test_scale_overloads_and_fused_query(kernel, scale_as_tensor):
+    """k_scale / v_scale as floats and as tensors (the .scale_tensor overload); the query a slice
+    of a fused qkv tensor (NaN elsewhere); scratch with more partitions than needed."""
+    inp = testing.make_attention_inputs(3, 8, 2, 64, 16, [100, 1100, 3], dtype=torch.float32,
+                                        kv_cache_dtype="fp8_e5m2", noncontig_query=True,
+                                        scale_as_tensor=scale_as_tensor, seed=7)
+    assert inp.query.stride(0) > inp.num_heads * inp.head_size
+    check_v1_v2(inp, extra_partitions=2)
+
+
+def test_all_rows_empty(kernel):
+    inp = testing.make_attention_inputs(2, 4, 2, 32, 16, [0, 0], seed=3)
+    out = testing.call_v1(OPS.v1, inp, testing.alloc_v1_outputs(inp))
+    assert torch.equal(out, torch.zeros_like(out))
+    outs = testing.call_v2(OPS.v2, inp, testing.alloc_v2_outputs(inp))
+    assert torch.equal(outs.out, torch.zeros_like(outs.out))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_long_rows_many_partitions(kernel, dtype):
+    inp = testing.make_attention_inputs(2, 8, 2, 128, 16, [5000, 4097], dtype=dtype,
+                                        use_alibi=True, seed=11)
+    check_v1_v2(inp)
+
+
+def test_concurrent_python_threads():
+    """Many Python threads calling the op at once (each with its own inputs) get correct results:
+    the kernel keeps no shared mutable state."""
+    inputs = [testing.make_attention_inputs(2, 8, 2, 64, 16, [300 + 37 * i, 700], seed=100 + i)
+              for i in range(6)]
+    expected = [testing.call_v2(reference.paged_attention_v2, inp,
+                                testing.alloc_v2_outputs(inp)).out for inp in inputs]
+    errors = []
+
+    def worker(i):
+        try:
+            for _ in range(5):
+                out = testing.call_v1(OPS.v1, inputs[i], testing.alloc_v1_outputs(inputs[i]))
+                testing.assert_out_matches(out, expected[i], torch.float32)
+        except Exception as e:  # noqa: BLE001  (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(inputs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+
+# ---- reshape_and_cache ----
+
+def _cache_pair(num_blocks, kvh, d, bs, cache_dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = 16 // torch.empty((), dtype=cache_dtype).element_size()
+    if cache_dtype == torch.uint8:
+        kc = torch.randint(0, 256, (num_blocks, kvh, d // x, bs, x), generator=g).to(torch.uint8)
+        vc = torch.randint(0, 256, (num_blocks, kvh, d, bs), generator=g).to(torch.uint8)
+    else:
+        kc = torch.randn(num_blocks, kvh, d // x, bs, x, generator=g).to(cache_dtype)
+        vc = torch.randn(num_blocks, kvh, d, bs, generator=g).to(cache_dtype)
+    return kc, vc
+
+
+@pytest.mark.parametrize("dtype,kv", [(torch.float32, "auto"), (torch.bfloat16, "auto"),
+                                      (torch.float16, "auto"), (torch.float32, "fp8"),
+                                      (torch.bfloat16, "fp8_e4m3"), (torch.float16, "fp8_e5m2")])
+@pytest.mark.parametrize("scale_as_tensor", [False, True])
+def test_reshape_and_cache_bit_exact(dtype, kv, scale_as_tensor):
+    num_tokens, kvh, d, bs, num_blocks = 37, 2, 48, 5, 11
+    g = torch.Generator().manual_seed(5)
+    # key / value: slices of a fused [tokens, (q + k + v) heads * d] tensor (stride(0) > kvh * d)
+    fused = torch.randn(num_tokens, (4 + 2 * kvh) * d, generator=g) * 30  # fp8 saturates too
+    fused[0, 4 * d] = float("nan")
+    fused = fused.to(dtype)
+    key = fused[:, 4 * d:(4 + kvh) * d].view(num_tokens, kvh, d)
+    value = fused[:, (4 + kvh) * d:].view(num_tokens, kvh, d)
+    slots = torch.randperm(num_blocks * bs, generator=g)[:num_tokens]
+    slots[::4] = -1  # padding tokens are skipped
+    cache_dtype = dtype if kv == "auto" else torch.uint8
+    kc, vc = _cache_pair(num_blocks, kvh, d, bs, cache_dtype, seed=6)
+    k_scale, v_scale = (1.0, 1.0) if kv == "auto" else (0.37, 1.9)
+    if scale_as_tensor:
+        k_scale, v_scale = torch.tensor(k_scale), torch.tensor(v_scale)
+    want_k, want_v = kc.clone(), vc.clone()
+    reference.reshape_and_cache(key, value, want_k, want_v, slots, kv, k_scale, v_scale)
+    OPS.reshape_and_cache(key, value, kc, vc, slots, kv, k_scale, v_scale)
+    assert torch.equal(kc.view(torch.uint8), want_k.view(torch.uint8))
+    assert torch.equal(vc.view(torch.uint8), want_v.view(torch.uint8))
+
+
+def test_cache_then_attend_round_trip(kernel):
+    """Tokens written with reshape_and_cache, then read back by v1: the same output as the oracle
+    on the same cache (end to end through the cache layout)."""
+    inp = testing.make_attention_inputs(2, 8, 2, 64, 16, [40, 90], dtype=torch.bfloat16, seed=9)
+    g = torch.Generator().manual_seed(1)
+    new_k = torch.randn(2, 2, 64, generator=g).to(torch.bfloat16)
+    new_v = torch.randn(2, 2, 64, generator=g).to(torch.bfloat16)
+    # append one token to each sequence: slot seq_len of its table
+    slots = []
+    for s, n in enumerate(inp.seq_lens_list):
+        slots.append(int(inp.block_tables[s, n // 16]) * 16 + n % 16)
+    OPS.reshape_and_cache(new_k, new_v, inp.key_cache, inp.value_cache, torch.tensor(slots))
+    inp.seq_lens += 1
+    inp.seq_lens_list = [n + 1 for n in inp.seq_lens_list]
+    inp.max_seq_len += 1
+    check_v1_v2(inp)
