@@ -65,7 +65,7 @@ def _sync(device: str):
         torch.cuda.synchronize()
 
 
-def _check(name: str, run, expected: torch.Tensor, work: Workload, device: str) -> dict:
+def _check(run, expected: torch.Tensor, work: Workload, device: str) -> dict:
     """One call of the contender: its error against the oracle, its peak extra memory, its time."""
     holder = {}
 
@@ -122,7 +122,7 @@ def _bench_shape(shape: Shape, config: BenchConfig, plan, flusher, bandwidth, pr
         progress.phase(f"{shape.label}: {name} (check)")
         try:
             run = contender.prepare(work)
-            row.update(_check(name, run, expected, work, config.device))
+            row.update(_check(run, expected, work, config.device))
         except Exception as exc:  # e.g. a head size a kernel is not compiled for
             row.update(correct=False, note=f"error: {type(exc).__name__}: {exc}".splitlines()[0])
             rows.append(row)
