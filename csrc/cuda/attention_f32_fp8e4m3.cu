@@ -1,0 +1,12 @@
+// attention_f32_fp8e4m3.cu — kernel instantiations for one query dtype with an fp8 e4m3 cache.
+// One (dtype, cache) pair per file so the build compiles them in parallel.
+#include "attention_launch.cuh"
+
+namespace paged_attn {
+namespace cuda {
+
+template void launch_paged_attention<ScalarKind::kFloat32, CacheKind::kFp8E4M3>(
+    const PagedAttentionParams&, bool, cudaStream_t);
+
+}  // namespace cuda
+}  // namespace paged_attn

@@ -1,0 +1,340 @@
+// attention_kernel.cuh — the paged attention kernel: v1 (one pass over the whole row) and v2
+// phase 1 (one 512-token partition per thread block). Raw pointers + PagedAttentionParams only.
+//
+// Algorithm. One thread block serves one (sequence, KV head, partition) and ALL the query heads
+// that read that KV head (in passes of kHeadTile heads; one pass when the GQA ratio <= 8), so K
+// and V are read from memory once per KV head.
+//   1. The pass's query rows, times `scale`, go to shared memory as fp32.
+//   2. The block's kNumWarps warps walk the token range in tiles of kWarpSize tokens (tile i goes
+//      to warp i % kNumWarps). QK: lane l owns token t = tile + l, reads that token's key with
+//      16-byte loads along head_size (K layout [.., head_size/x, block_size, x]) and computes one
+//      logit per query head against the shared-memory queries.
+//   3. Each warp keeps an online softmax per head: a warp-uniform running max (butterfly max of
+//      the tile), a per-lane running exp sum, and the UNnormalised output, lane l owning dims
+//      l + kWarpSize * j. P.V: the tile's probabilities go through shared memory; each lane reads
+//      its dims' V rows (V layout [.., head_size, block_size]) kVVec tokens at a time with one
+//      vector load and multiplies them in.
+//   4. End of range: each warp merges its lanes' (max, sum) with a butterfly (warp_reduce.cuh),
+//      then the warps' compound states (max, sum, output) are merged through shared memory in warp
+//      order 0, 1, ... (compound_state.h). v1 writes out = output / sum; v2 writes the
+//      partition's max_logits, exp_sums and tmp_out = output / sum (reduce_kernel.cuh combines).
+//
+// NOTE (robustness, docs/DESIGN.md): the block table and lengths are never trusted.
+//   - A row whose seq_len is < 0, > max_blocks_per_seq * block_size, or (v2) needs more than
+//     max_num_partitions partitions reads nothing: v1 writes NaN to its out rows, v2 writes
+//     nothing and the reduce kernel writes NaN.
+//   - A used block id outside [0, num_blocks) is never dereferenced; the block's outputs become
+//     NaN (v2: max_logits / exp_sums NaN, which the reduce kernel turns into a NaN row).
+//   - Tokens >= the range end are never read for K, and their V values are ZEROED before the
+//     multiply (0 * NaN = NaN: a probability of 0 is not enough when unused slots hold NaN).
+//   - Block offsets are int64 (block_id * kv_block_stride overflows int32 on large pools).
+//   - max_seq_len is not used: the range comes from seq_lens alone.
+#pragma once
+
+#include <cstdint>
+
+#include "../core/compound_state.h"
+#include "../core/params.h"
+#include "cache_access.cuh"
+#include "warp_reduce.cuh"
+
+namespace paged_attn {
+namespace cuda {
+
+__device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000); }
+
+// Shared memory of one thread block (static; <= 44.3 KB at head size 256, kHeadTile 8).
+template <int kMaxDims, int kHeadTile, int kWarpSize, int kNumWarps>
+struct AttentionSmem {
+  float q[kHeadTile][kMaxDims];                  // the pass's query rows * scale, zero-padded
+  float probs[kNumWarps][kHeadTile][kWarpSize];  // per warp: one tile's probabilities
+  float out[kNumWarps][kHeadTile][kMaxDims];     // per warp: unnormalised output at the end
+  SoftmaxStats stats[kNumWarps][kHeadTile];      // per warp: (max, exp sum) at the end
+};
+
+// Grid: (num_seqs, num_kv_heads, num_partitions)  [v1: num_partitions = 1]
+// Block: kNumWarps * kWarpSize threads.
+// partition_size: kPartitionSize for v2 (block z handles tokens [z * 512, (z + 1) * 512)),
+//                 0 for v1 (one block handles the whole row and writes `out`).
+// Scalar: query / out / tmp_out type. kCache: "auto" (cache elements are Scalar) or an fp8
+// format (cache elements are uint8_t bytes). kDimsPerLane = ceil(head_size / kWarpSize) (head_size itself is runtime).
+// kHeadTile: query heads per pass (>= the GQA ratio when it is <= 8).
+// Resident blocks per SM promised to ptxas (__launch_bounds__ min blocks), which caps registers at
+// 65536 / (128 * n). NOTE: with no promise ptxas aimed at ~72 registers for the small tiles and
+// spilled 4-36 bytes; a promise of 4 (128 registers) still spilled 8-124 bytes for tiles with 8
+// heads or 8 dims per lane. 3 (168 registers, 12 warps per SM) for the small tiles, else 1 (255;
+// the large tiles' accumulators need ~250). docs/cuda_resource_report.txt shows the result.
+template <int kDimsPerLane, int kHeadTile>
+constexpr int attention_min_blocks() {
+  return (kDimsPerLane <= 4 && kDimsPerLane * kHeadTile <= 16) ? 3 : 1;
+}
+
+template <typename Scalar, CacheKind kCache, int kDimsPerLane, int kHeadTile, int kWarpSize,
+          int kNumWarps>
+__global__ void __launch_bounds__(kNumWarps* kWarpSize,
+                                  attention_min_blocks<kDimsPerLane, kHeadTile>())
+    paged_attention_kernel(const PagedAttentionParams p, const int partition_size) {
+  using CacheT = typename CacheElement<Scalar, kCache>::type;
+  constexpr int kThreads = kNumWarps * kWarpSize;
+  constexpr int kMaxDims = kDimsPerLane * kWarpSize;
+  constexpr bool kFp8 = kCache != CacheKind::kAuto;
+  // NOTE: the fp8 format is a template parameter: a runtime e4m3/e5m2 branch in the decode made
+  // ptxas spill a few bytes in several instantiations.
+  constexpr bool e5m2 = kCache == CacheKind::kFp8E5M2;
+  constexpr int kX = 16 / static_cast<int>(sizeof(CacheT));          // K elements per 16 B
+  constexpr int kVVec = sizeof(CacheT) == 4 ? 4 : 8;                  // V tokens per load
+  constexpr int kVBytes = kVVec * static_cast<int>(sizeof(CacheT));  // 16 or 8 bytes
+  static_assert(kX % 4 == 0 && kVVec % 4 == 0 && kWarpSize % kVVec == 0, "vector widths");
+
+  __shared__ __align__(16) AttentionSmem<kMaxDims, kHeadTile, kWarpSize, kNumWarps> smem;
+
+  const int seq = blockIdx.x;
+  const int kv_head = blockIdx.y;
+  const int part = blockIdx.z;
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const bool is_v2 = partition_size > 0;
+  const int head_size = p.head_size;
+  const int block_size = p.block_size;
+  const int group = p.num_heads / p.num_kv_heads;  // query heads per KV head
+  const int seq_len = p.seq_lens[seq];
+
+  // ---- row validity (data-dependent; see NOTE at the top) ----
+  const int64_t capacity = static_cast<int64_t>(p.max_blocks_per_seq) * block_size;
+  bool row_ok = seq_len >= 0 && static_cast<int64_t>(seq_len) <= capacity;
+  if (is_v2) {
+    const int64_t needed = (static_cast<int64_t>(seq_len) + partition_size - 1) / partition_size;
+    row_ok = row_ok && needed <= p.max_num_partitions;
+  }
+  if (!row_ok) {
+    if (!is_v2) {  // v1: this KV head's query heads are consecutive rows of out
+      Scalar* rows = static_cast<Scalar*>(p.out) +
+                     (static_cast<int64_t>(seq) * p.num_heads + kv_head * group) * head_size;
+      for (int i = threadIdx.x; i < group * head_size; i += kThreads)
+        rows[i] = from_float<Scalar>(quiet_nan());
+    }
+    return;  // uniform across the block: no barrier has been reached
+  }
+  const int tok_begin = is_v2 ? part * partition_size : 0;
+  if (tok_begin >= seq_len && is_v2) return;  // partition past the row: not part of the contract
+  const int tok_end = is_v2 ? min(seq_len, tok_begin + partition_size) : seq_len;
+
+  const int32_t* table_row = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
+  const CacheT* k_head =
+      static_cast<const CacheT*>(p.key_cache) + static_cast<int64_t>(kv_head) * p.kv_head_stride;
+  const CacheT* v_head = static_cast<const CacheT*>(p.value_cache) +
+                         static_cast<int64_t>(kv_head) * p.kv_head_stride;
+  const Scalar* q_row = static_cast<const Scalar*>(p.query) + static_cast<int64_t>(seq) * p.q_seq_stride;
+  float k_scale = 1.0f, v_scale = 1.0f;  // "auto" caches ignore the scales (docs/DESIGN.md)
+  if (kFp8) {
+    k_scale = p.k_scale_ptr != nullptr ? *p.k_scale_ptr : p.k_scale;
+    v_scale = p.v_scale_ptr != nullptr ? *p.v_scale_ptr : p.v_scale;
+  }
+  // V groups of kVVec tokens sit in one cache block when block_size % kVVec == 0 (8, 16, 32, ...);
+  // other block sizes take the per-token path.
+  const bool v_vectorized = block_size % kVVec == 0;
+  const int64_t k_vec_stride = static_cast<int64_t>(block_size) * kX;  // next x-chunk of a key
+  const int num_k_vecs = head_size / kX;
+  const CudaShuffleXor<kWarpSize> shuffle;
+  bool bad_block = false;  // a used block id outside [0, num_blocks) was met
+
+  for (int head_first = 0; head_first < group; head_first += kHeadTile) {
+    const int num_tile_heads = min(kHeadTile, group - head_first);
+    const int head0 = kv_head * group + head_first;  // query head of tile slot 0
+
+    // ---- 1. query rows -> shared memory (slots >= num_tile_heads and dims >= head_size: 0) ----
+    for (int i = threadIdx.x; i < kHeadTile * kMaxDims; i += kThreads) {
+      const int g = i / kMaxDims;
+      const int d = i % kMaxDims;
+      float q = 0.0f;
+      if (g < num_tile_heads && d < head_size)
+        q = to_float(q_row[static_cast<int64_t>(head0 + g) * p.q_head_stride + d]) * p.scale;
+      smem.q[g][d] = q;
+    }
+    float slope[kHeadTile];
+#pragma unroll
+    for (int g = 0; g < kHeadTile; ++g)
+      slope[g] = (p.alibi_slopes != nullptr && g < num_tile_heads) ? p.alibi_slopes[head0 + g]
+                                                                   : 0.0f;
+    __syncthreads();
+
+    // ---- per-warp online softmax state ----
+    float run_max[kHeadTile];                // warp-uniform
+    float lane_sum[kHeadTile];               // this lane's share of the exp sum
+    float acc[kHeadTile][kDimsPerLane];      // output dims lane + kWarpSize * j
+#pragma unroll
+    for (int g = 0; g < kHeadTile; ++g) {
+      run_max[g] = -INFINITY;
+      lane_sum[g] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kDimsPerLane; ++j) acc[g][j] = 0.0f;
+    }
+
+    for (int tile = tok_begin + warp * kWarpSize; tile < tok_end; tile += kNumWarps * kWarpSize) {
+      // ---- 2. QK: lane owns token t ----
+      const int t = tile + lane;
+      float logit[kHeadTile];
+#pragma unroll
+      for (int g = 0; g < kHeadTile; ++g) logit[g] = -INFINITY;
+      if (t < tok_end) {
+        const int64_t block_id = table_row[t / block_size];
+        if (block_id < 0 || block_id >= p.num_blocks) {
+          bad_block = true;
+        } else {
+          const CacheT* k_tok = k_head + block_id * p.kv_block_stride +
+                                static_cast<int64_t>(t % block_size) * kX;
+          float dot[kHeadTile];
+#pragma unroll
+          for (int g = 0; g < kHeadTile; ++g) dot[g] = 0.0f;
+#pragma unroll 2
+          for (int i = 0; i < num_k_vecs; ++i) {
+            float k[kX];
+            load_to_float<CacheT, 16>(k_tok + i * k_vec_stride, e5m2, k);
+#pragma unroll
+            for (int g = 0; g < kHeadTile; ++g) {
+              const float4* q4 = reinterpret_cast<const float4*>(&smem.q[g][i * kX]);
+#pragma unroll
+              for (int c = 0; c < kX / 4; ++c) {
+                const float4 qv = q4[c];  // same address in all lanes: a broadcast
+                dot[g] += qv.x * k[4 * c] + qv.y * k[4 * c + 1] + qv.z * k[4 * c + 2] +
+                          qv.w * k[4 * c + 3];
+              }
+            }
+          }
+          const float alibi_pos = static_cast<float>(t - seq_len + 1);  // 0 at the last token
+#pragma unroll
+          for (int g = 0; g < kHeadTile; ++g) logit[g] = dot[g] * k_scale + slope[g] * alibi_pos;
+        }
+      }
+
+      // ---- 3. online softmax update ----
+#pragma unroll
+      for (int g = 0; g < kHeadTile; ++g) {
+        const float tile_max = butterfly_allreduce<kWarpSize>(logit[g], MaxOp{}, shuffle);
+        MergeFactors f;
+        const SoftmaxStats merged =
+            merge_stats(SoftmaxStats{run_max[g], 0.0f}, SoftmaxStats{tile_max, 0.0f}, f);
+        const float prob = merged.max == -INFINITY ? 0.0f : expf(logit[g] - merged.max);
+        lane_sum[g] = lane_sum[g] * f.scale_a + prob;
+#pragma unroll
+        for (int j = 0; j < kDimsPerLane; ++j) acc[g][j] *= f.scale_a;
+        run_max[g] = merged.max;
+        smem.probs[warp][g][lane] = prob;
+      }
+      __syncwarp();
+
+      // ---- P.V: lane owns dims lane + kWarpSize * j; kVVec tokens per step ----
+#pragma unroll 1  // NOTE: not unrolled: 2.4x faster compiles, same registers
+      for (int s0 = 0; s0 < kWarpSize; s0 += kVVec) {
+        const int t0 = tile + s0;
+        if (t0 >= tok_end) break;  // warp-uniform
+        float v[kDimsPerLane][kVVec];
+        if (v_vectorized) {
+          const int64_t block_id = table_row[t0 / block_size];  // same block for all kVVec
+          if (block_id < 0 || block_id >= p.num_blocks) {
+            bad_block = true;
+            continue;  // warp-uniform; never dereference a bad id
+          }
+          const CacheT* v_base =
+              v_head + block_id * p.kv_block_stride + static_cast<int64_t>(t0 % block_size);
+#pragma unroll
+          for (int j = 0; j < kDimsPerLane; ++j) {
+            const int d = lane + j * kWarpSize;
+            if (d < head_size) {
+              load_to_float<CacheT, kVBytes>(v_base + static_cast<int64_t>(d) * block_size,
+                                             e5m2, v[j]);
+            } else {
+#pragma unroll
+              for (int e = 0; e < kVVec; ++e) v[j][e] = 0.0f;
+            }
+          }
+        } else {
+#pragma unroll
+          for (int e = 0; e < kVVec; ++e) {
+            const int te = t0 + e;
+            int64_t block_id = -1;
+            if (te < tok_end) {
+              block_id = table_row[te / block_size];
+              if (block_id < 0 || block_id >= p.num_blocks) {
+                bad_block = true;
+                block_id = -1;
+              }
+            }
+            const CacheT* v_tok = v_head + (block_id < 0 ? 0 : block_id) * p.kv_block_stride +
+                                  static_cast<int64_t>(te % block_size);
+#pragma unroll
+            for (int j = 0; j < kDimsPerLane; ++j) {
+              const int d = lane + j * kWarpSize;
+              v[j][e] = (block_id >= 0 && d < head_size)
+                            ? load_one(v_tok + static_cast<int64_t>(d) * block_size, e5m2)
+                            : 0.0f;
+            }
+          }
+        }
+        // NOTE: zero the V values of tokens past the range (their slots may hold NaN).
+#pragma unroll
+        for (int e = 0; e < kVVec; ++e) {
+          if (t0 + e >= tok_end) {
+#pragma unroll
+            for (int j = 0; j < kDimsPerLane; ++j) v[j][e] = 0.0f;
+          }
+        }
+#pragma unroll
+        for (int g = 0; g < kHeadTile; ++g) {
+          const float4* p4 = reinterpret_cast<const float4*>(&smem.probs[warp][g][s0]);
+#pragma unroll
+          for (int c = 0; c < kVVec / 4; ++c) {
+            const float4 pr = p4[c];
+#pragma unroll
+            for (int j = 0; j < kDimsPerLane; ++j)
+              acc[g][j] += pr.x * v[j][4 * c] + pr.y * v[j][4 * c + 1] +
+                           pr.z * v[j][4 * c + 2] + pr.w * v[j][4 * c + 3];
+          }
+        }
+      }
+      __syncwarp();  // NOTE: the next tile overwrites probs only after every lane has read them
+    }
+
+    // ---- 4a. warp: merge the lanes' (max, sum); publish the warp's compound state ----
+#pragma unroll
+    for (int g = 0; g < kHeadTile; ++g) {
+      const SoftmaxStats st = butterfly_allreduce<kWarpSize>(SoftmaxStats{run_max[g], lane_sum[g]},
+                                                             StatsMergeOp{}, shuffle);
+      if (lane == 0) smem.stats[warp][g] = st;  // valid in all lanes; lane 0's is the one kept
+#pragma unroll
+      for (int j = 0; j < kDimsPerLane; ++j) smem.out[warp][g][lane + j * kWarpSize] = acc[g][j];
+    }
+    const bool any_bad = __syncthreads_or(bad_block);
+
+    // ---- 4b. block: merge the warps' states in warp order, normalise, write ----
+    for (int i = threadIdx.x; i < num_tile_heads * head_size; i += kThreads) {
+      const int g = i / head_size;
+      const int d = i % head_size;
+      CompoundState<1> total;
+      total.init();
+#pragma unroll
+      for (int w = 0; w < kNumWarps; ++w) {
+        CompoundState<1> warp_state;
+        warp_state.stats = smem.stats[w][g];
+        warp_state.out[0] = smem.out[w][g][d];
+        total.merge(warp_state);
+      }
+      const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head0 + g;
+      const float value = any_bad ? quiet_nan() : total.out[0] * inv_sum(total.stats) * v_scale;
+      if (!is_v2) {
+        static_cast<Scalar*>(p.out)[row * head_size + d] = from_float<Scalar>(value);
+      } else {
+        const int64_t prow = row * p.max_num_partitions + part;
+        static_cast<Scalar*>(p.tmp_out)[prow * head_size + d] = from_float<Scalar>(value);
+        if (d == 0) {
+          p.max_logits[prow] = any_bad ? quiet_nan() : total.stats.max;
+          p.exp_sums[prow] = any_bad ? quiet_nan() : total.stats.sum;
+        }
+      }
+    }
+    __syncthreads();  // NOTE: the next pass rewrites smem.q / out / stats
+  }
+}
+
+}  // namespace cuda
+}  // namespace paged_attn

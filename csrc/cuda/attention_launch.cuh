@@ -1,0 +1,54 @@
+// attention_launch.cuh — definitions of launch_paged_attention / launch_v2_reduce (launch.h):
+// the dispatch of dispatch.cuh's lists onto kernel instantiations. Included only by the
+// attention_<dtype>_<cache>.cu files, which instantiate one (dtype, cache) pair each.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "attention_kernel.cuh"
+#include "dispatch.cuh"
+#include "launch.h"
+#include "reduce_kernel.cuh"
+
+namespace paged_attn {
+namespace cuda {
+
+template <ScalarKind kScalar>
+struct ScalarOf;
+template <>
+struct ScalarOf<ScalarKind::kFloat32> { using type = float; };
+template <>
+struct ScalarOf<ScalarKind::kFloat16> { using type = __half; };
+template <>
+struct ScalarOf<ScalarKind::kBFloat16> { using type = __nv_bfloat16; };
+
+template <ScalarKind kScalar, CacheKind kCache>
+void launch_paged_attention(const PagedAttentionParams& p, bool is_v2, cudaStream_t stream) {
+  using Scalar = typename ScalarOf<kScalar>::type;
+  const dim3 grid(p.num_seqs, p.num_kv_heads, is_v2 ? p.max_num_partitions : 1);
+  const int partition_size = is_v2 ? kPartitionSize : 0;
+  const int group = p.num_heads / p.num_kv_heads;
+  dispatch_head_size(p.head_size, [&](auto dims_per_lane) {
+    dispatch_head_tile(group, [&](auto head_tile) {
+      constexpr int kDimsPerLane = decltype(dims_per_lane)::value;
+      constexpr int kHeadTile = decltype(head_tile)::value;
+      paged_attention_kernel<Scalar, kCache, kDimsPerLane, kHeadTile, kWarpSize, kNumWarps>
+          <<<grid, kThreads, 0, stream>>>(p, partition_size);
+    });
+  });
+}
+
+template <ScalarKind kScalar>
+void launch_v2_reduce(const PagedAttentionParams& p, cudaStream_t stream) {
+  using Scalar = typename ScalarOf<kScalar>::type;
+  const dim3 grid(p.num_seqs, p.num_heads);
+  paged_attention_v2_reduce_kernel<Scalar, kWarpSize, kNumWarps, kMaxHeadSize>
+      <<<grid, kThreads, 0, stream>>>(p);
+}
+
+}  // namespace cuda
+}  // namespace paged_attn

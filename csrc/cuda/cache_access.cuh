@@ -1,0 +1,146 @@
+// cache_access.cuh — element conversions and vector loads for the CUDA kernels.
+//
+// Scalar types: float, __half, __nv_bfloat16 (query / out / tmp_out and "auto" caches).
+// fp8 caches are uint8_t bytes; the functions take the format (e4m3fn or e5m2) as a bool that
+// the kernels pass as a compile-time constant.
+// fp8 decode is exact (every fp8 value is a half): e5m2 is the top byte of a half; e4m3fn goes
+// through cuda_fp8.h's fp8 -> half conversion (a hardware cvt on sm_89+), bit-identical to
+// torch's float8_e4m3fn -> float. Encode (reshape_and_cache) is round-to-nearest-even saturated to
+// the finite range (cuda_fp8.h __NV_SATFINITE), as reference.encode_cache (clamp, then convert).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "../core/params.h"
+
+namespace paged_attn {
+namespace cuda {
+
+// Cache element type: the query's scalar type for "auto", bytes for fp8.
+template <typename Scalar, CacheKind kCache>
+struct CacheElement {
+  using type = typename std::conditional<kCache == CacheKind::kAuto, Scalar, uint8_t>::type;
+};
+
+// ---- scalar <-> float ----
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// ---- fp8 ----
+__device__ __forceinline__ float fp8_to_float(uint32_t byte, bool e5m2) {
+  if (e5m2) return __half2float(__ushort_as_half(static_cast<unsigned short>(byte << 8)));
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(byte), __NV_E4M3);
+  return __half2float(__half(h));
+}
+
+__device__ __forceinline__ uint8_t float_to_fp8(float v, bool e5m2) {
+  return static_cast<uint8_t>(
+      __nv_cvt_float_to_fp8(v, __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3));
+}
+
+// Four fp8 bytes of one 32-bit word -> out[0..3] (little-endian: byte 0 first).
+__device__ __forceinline__ void fp8x4_to_float(uint32_t w, bool e5m2, float* out) {
+  if (e5m2) {
+    out[0] = __half2float(__ushort_as_half(static_cast<unsigned short>((w & 0xffu) << 8)));
+    out[1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xff00u)));
+    out[2] = __half2float(__ushort_as_half(static_cast<unsigned short>((w >> 8) & 0xff00u)));
+    out[3] = __half2float(__ushort_as_half(static_cast<unsigned short>((w >> 16) & 0xff00u)));
+    return;
+  }
+  const __half2_raw lo =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), __NV_E4M3);
+  const __half2_raw hi =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3);
+  const float2 a = __half22float2(__half2(lo));
+  const float2 b = __half22float2(__half2(hi));
+  out[0] = a.x;
+  out[1] = a.y;
+  out[2] = b.x;
+  out[3] = b.y;
+}
+
+// ---- one 32-bit word of elements -> floats ----
+__device__ __forceinline__ void half_word_to_float(uint32_t w, float* out) {
+  out[0] = __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xffffu)));
+  out[1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16)));
+}
+__device__ __forceinline__ void bf16_word_to_float(uint32_t w, float* out) {
+  out[0] = __uint_as_float(w << 16);  // bf16 is the top half of a float: exact
+  out[1] = __uint_as_float(w & 0xffff0000u);
+}
+
+// Elements of cache type CacheT per 32-bit word.
+template <typename CacheT>
+constexpr int kPerWord = 4 / static_cast<int>(sizeof(CacheT));
+
+template <typename CacheT>
+__device__ __forceinline__ void word_to_floats(uint32_t w, bool e5m2, float* out) {
+  if constexpr (sizeof(CacheT) == 4) {
+    out[0] = __uint_as_float(w);
+  } else if constexpr (sizeof(CacheT) == 1) {
+    fp8x4_to_float(w, e5m2, out);
+  } else if constexpr (std::is_same<CacheT, __half>::value) {
+    half_word_to_float(w, out);
+  } else {
+    bf16_word_to_float(w, out);
+  }
+}
+
+// Loads kBytes (8 or 16) of CacheT elements from `ptr` (kBytes-aligned) and converts them:
+// out[0 .. kBytes / sizeof(CacheT)). fp8 values are the decoded bytes (scale applied by caller).
+template <typename CacheT, int kBytes>
+__device__ __forceinline__ void load_to_float(const CacheT* ptr, bool e5m2, float* out) {
+  static_assert(kBytes == 8 || kBytes == 16, "vector loads are 8 or 16 bytes");
+  constexpr int kPer = kPerWord<CacheT>;
+  if constexpr (kBytes == 16) {
+    const uint4 r = *reinterpret_cast<const uint4*>(ptr);
+    word_to_floats<CacheT>(r.x, e5m2, out + 0 * kPer);
+    word_to_floats<CacheT>(r.y, e5m2, out + 1 * kPer);
+    word_to_floats<CacheT>(r.z, e5m2, out + 2 * kPer);
+    word_to_floats<CacheT>(r.w, e5m2, out + 3 * kPer);
+  } else {
+    const uint2 r = *reinterpret_cast<const uint2*>(ptr);
+    word_to_floats<CacheT>(r.x, e5m2, out + 0 * kPer);
+    word_to_floats<CacheT>(r.y, e5m2, out + 1 * kPer);
+  }
+}
+
+// One cache element -> float (fp8: decoded byte, scale applied by the caller).
+template <typename CacheT>
+__device__ __forceinline__ float load_one(const CacheT* ptr, bool e5m2) {
+  if constexpr (sizeof(CacheT) == 1) {
+    return fp8_to_float(*ptr, e5m2);
+  } else {
+    return to_float(*ptr);
+  }
+}
+
+// float -> one cache element; fp8: fp8(v / scale) saturated, else a plain rounding.
+template <typename CacheT>
+__device__ __forceinline__ CacheT store_cast(float v, float scale, bool e5m2) {
+  if constexpr (sizeof(CacheT) == 1) {
+    return float_to_fp8(v / scale, e5m2);
+  } else {
+    return from_float<CacheT>(v);
+  }
+}
+
+}  // namespace cuda
+}  // namespace paged_attn

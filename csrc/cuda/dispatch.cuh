@@ -1,0 +1,71 @@
+// dispatch.cuh — THE lists of what the CUDA build compiles, in one place (host code, no torch).
+//
+// Compile time grows with every instantiation (~1 s per kernel per arch), so the kernels are
+// templated on what must live in registers and take everything else at run time:
+//   - head size: runtime; the kernel is instantiated per kDimsPerLane = ceil(head_size / 32)
+//     (output registers per lane). Listed head sizes map to 6 instantiations.
+//   - GQA ratio (query heads per KV head): runtime; the kernel handles kHeadTile heads per pass,
+//     kHeadTile in {1, 2, 4, 8}; ratios above 8 take ceil(ratio / 8) passes in the same block.
+//   - block size: runtime (any value; multiples of 8, or of 4 for fp32, take vector V loads).
+//   - dtype: query fp32 / fp16 / bf16, each with an "auto" cache or an fp8 cache (e4m3fn / e5m2
+//     chosen at run time): 6 combinations, one .cu file each (attention_<dtype>_<cache>.cu).
+// Total: 6 x 6 x 4 = 144 attention kernels + 3 reduce + 6 reshape_and_cache kernels per arch.
+#pragma once
+
+#include <type_traits>
+
+namespace paged_attn {
+namespace cuda {
+
+constexpr int kWarpSize = 32;  // NVIDIA
+constexpr int kNumWarps = 4;   // 128 threads per block
+constexpr int kThreads = kWarpSize * kNumWarps;
+constexpr int kMaxHeadSize = 256;
+
+// Supported head sizes (others: "Unsupported head size" from the launcher).
+constexpr int kHeadSizes[] = {32, 64, 80, 96, 112, 120, 128, 192, 256};
+constexpr const char* kHeadSizesText = "32, 64, 80, 96, 112, 120, 128, 192, 256";
+
+constexpr bool is_supported_head_size(int head_size) {
+  for (int d : kHeadSizes)
+    if (d == head_size) return true;
+  return false;
+}
+
+template <int N>
+using IntC = std::integral_constant<int, N>;
+
+// head size -> f(IntC<kDimsPerLane>); returns false for an unlisted head size.
+template <typename F>
+bool dispatch_head_size(int head_size, F&& f) {
+  switch (head_size) {
+    case 32: f(IntC<1>{}); return true;
+    case 64: f(IntC<2>{}); return true;
+    case 80:
+    case 96: f(IntC<3>{}); return true;
+    case 112:
+    case 120:
+    case 128: f(IntC<4>{}); return true;
+    case 192: f(IntC<6>{}); return true;
+    case 256: f(IntC<8>{}); return true;
+    default: return false;
+  }
+}
+static_assert(kMaxHeadSize <= 8 * kWarpSize, "largest kDimsPerLane must cover kMaxHeadSize");
+
+// GQA ratio -> f(IntC<kHeadTile>): the smallest tile in {1, 2, 4, 8} holding the ratio, else 8.
+template <typename F>
+void dispatch_head_tile(int group, F&& f) {
+  if (group <= 1) {
+    f(IntC<1>{});
+  } else if (group <= 2) {
+    f(IntC<2>{});
+  } else if (group <= 4) {
+    f(IntC<4>{});
+  } else {
+    f(IntC<8>{});
+  }
+}
+
+}  // namespace cuda
+}  // namespace paged_attn

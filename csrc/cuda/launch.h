@@ -1,0 +1,29 @@
+// launch.h — host entry points of the CUDA kernels (no torch, no kernel code). The torch glue
+// (ops_cuda.cu) calls these; the definitions are explicitly instantiated in
+// attention_<dtype>_<cache>.cu and reshape_and_cache.cu, one file per dtype so that ninja
+// compiles them in parallel.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "../core/params.h"
+
+namespace paged_attn {
+namespace cuda {
+
+// v1 (is_v2 = false; grid (num_seqs, num_kv_heads, 1), writes p.out) or v2 phase 1 (grid
+// (num_seqs, num_kv_heads, p.max_num_partitions), writes the scratch). Preconditions: the params
+// passed make_attention_params, the head size is listed in dispatch.cuh, num_seqs > 0,
+// max_num_partitions <= 65535, K/V 16-byte aligned.
+template <ScalarKind kScalar, CacheKind kCache>
+void launch_paged_attention(const PagedAttentionParams& p, bool is_v2, cudaStream_t stream);
+
+// v2 phase 2; grid (num_seqs, num_heads), writes p.out.
+template <ScalarKind kScalar>
+void launch_v2_reduce(const PagedAttentionParams& p, cudaStream_t stream);
+
+// grid (num_tokens); num_tokens > 0.
+void launch_reshape_and_cache(const ReshapeAndCacheParams& p, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace paged_attn
