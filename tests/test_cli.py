@@ -161,6 +161,9 @@ def test_bench_subprocess_json_and_plot(tmp_path):
     _assert_positive_finite(data["bandwidth"]["read_gbps"])
     _assert_positive_finite(data["bandwidth"]["copy_gbps"])
     assert data["bandwidth"]["buffer_bytes"] == 64 << 20
+    samples = data["bandwidth"]["samples"]  # before and after the kernels; the best is used
+    assert len(samples) == 2
+    assert data["bandwidth"]["read_gbps"] == max(s["read_gbps"] for s in samples)
     shapes = presets.preset_shapes(["tiny"], full=False)
     names = contenders.default_contenders("cpu")
     assert len(data["results"]) == len(shapes) * len(names)
@@ -174,6 +177,9 @@ def test_bench_subprocess_json_and_plot(tmp_path):
             _assert_positive_finite(row[key])
         assert row["timing"]["reps"] >= 3
         assert row["timing"]["min_ms"] <= row["median_ms"] <= row["timing"]["max_ms"]
+        assert row["gbps"] == pytest.approx(row["bytes"] / row["median_ms"] / 1e6)
+        assert row["pct_of_read_bw"] == pytest.approx(
+            100 * row["gbps"] / data["bandwidth"]["read_gbps"])
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "gather-sdpa" in proc.stdout  # the table
 
