@@ -1,0 +1,281 @@
+"""The CUDA kernels (csrc/cuda) against the oracle (paged_attention_ext.reference).
+
+Runs only where torch sees a CUDA device (skipped otherwise, with the reason). Where a device is
+present, the compiled extension must provide the CUDA kernels: test_cuda_kernels_registered fails
+otherwise (so a broken CUDA build cannot hide behind the PyTorch fallback that serves CUDA tensors
+when no kernel is compiled).
+
+Inputs come from paged_attention_ext.testing: N(0,1) q/k/v (sharp softmax), shuffled block tables
+with garbage past each row, NaN-poisoned unused cache slots, fp8 caches with scales != 1, outputs
+pre-filled with NaN. All four v2 outputs are compared (scratch only where the contract defines it).
+"""
+
+import math
+
+import pytest
+import torch
+
+from conftest import registered_ops
+
+CUDA = torch.cuda.is_available()
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not CUDA, reason="no CUDA device (torch.cuda.is_available() is "
+                                                  "False): the CUDA kernels cannot run here")]
+
+if CUDA:
+    from paged_attention_ext import reference, testing
+    from paged_attention_ext.testing import (alloc_v1_outputs, alloc_v2_outputs, assert_out_matches,
+                                             assert_v2_matches, call_v1, call_v2,
+                                             make_attention_inputs)
+
+DEV = "cuda"
+HEAD_SIZES = (32, 64, 80, 96, 112, 120, 128, 192, 256)  # csrc/cuda/dispatch.cuh
+ODD_LENS = [0, 1, 511, 512, 513, 1537, 77]
+
+
+def _has_cuda_kernel(name):
+    return torch._C._dispatch_has_kernel_for_dispatch_key(f"paged_attn::{name}", "CUDA")
+
+
+@pytest.fixture
+def ops():
+    ops, reason = registered_ops()
+    if ops is None:
+        pytest.skip(reason)
+    if not _has_cuda_kernel("v2"):
+        pytest.skip("the extension was built without CUDA kernels (see test_cuda_kernels_registered)")
+    return ops
+
+
+def test_cuda_kernels_registered():
+    ops, reason = registered_ops()
+    assert ops is not None, reason
+    for name in ("v1", "v2", "reshape_and_cache"):
+        assert _has_cuda_kernel(name), (
+            f"paged_attn::{name} has no CUDA kernel: the extension was built without CUDA "
+            "(PAGED_ATTN_BUILD_CUDA=1 python setup.py build_ext --inplace)")
+
+
+def _reference_v2(inputs, max_num_partitions=None):
+    expected = alloc_v2_outputs(inputs, max_num_partitions)
+    return call_v2(reference.paged_attention_v2, inputs, expected)
+
+
+def _check_v2(ops, inputs, max_num_partitions=None):
+    actual = call_v2(ops.v2, inputs, alloc_v2_outputs(inputs, max_num_partitions))
+    expected = _reference_v2(inputs, max_num_partitions)
+    torch.cuda.synchronize()
+    assert_v2_matches(actual, expected, inputs.seq_lens_list, inputs.dtype, inputs.kv_cache_dtype)
+    return actual
+
+
+def _check_v1(ops, inputs):
+    actual = call_v1(ops.v1, inputs, alloc_v1_outputs(inputs))
+    expected = call_v1(reference.paged_attention_v1, inputs, alloc_v1_outputs(inputs))
+    torch.cuda.synchronize()
+    assert_out_matches(actual, expected, inputs.dtype, inputs.kv_cache_dtype)
+    return actual
+
+
+# (num_seqs, num_heads, num_kv_heads, head_size, block_size, seq_lens, alibi)
+GRID = [
+    (7, 8, 8, 128, 16, ODD_LENS, False),       # MHA, every odd length
+    (7, 32, 8, 128, 16, ODD_LENS, True),       # Llama-3 GQA 4, ALiBi
+    (3, 12, 4, 64, 8, [513, 1, 1537], False),  # GQA 3 (head tile 4, one slot idle)
+    (3, 24, 2, 64, 32, [700, 0, 33], True),    # GQA 12: two passes of 8 heads
+    (2, 16, 1, 128, 16, [1025, 9], False),     # MQA 16
+    (2, 4, 2, 96, 12, [97, 300], False),       # block size 12: per-token V path for 2-byte types
+    (2, 2, 1, 80, 1, [5, 40], True),           # block size 1
+] + [(3, 4, 2, d, 16, [54, 513, 1], False) for d in HEAD_SIZES]  # every head size once
+
+DTYPES = ["float32", "float16", "bfloat16"]
+
+
+def _ids(case):
+    s, h, kvh, d, bs, lens, alibi = case
+    return f"s{s}-h{h}-kv{kvh}-d{d}-bs{bs}{'-alibi' if alibi else ''}"
+
+
+@pytest.mark.parametrize("case", GRID, ids=_ids)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_v2_and_v1_match_reference(ops, case, dtype):
+    s, h, kvh, d, bs, lens, alibi = case
+    dtype = getattr(torch, dtype)
+    inputs = make_attention_inputs(s, h, kvh, d, bs, lens, dtype=dtype, use_alibi=alibi,
+                                   device=DEV, seed=hash((s, h, d, bs)) % 1000)
+    _check_v2(ops, inputs)
+    _check_v1(ops, inputs)
+
+
+FP8_GRID = [
+    (5, 32, 8, 128, 16, [1, 512, 513, 1537, 100], False),
+    (3, 8, 8, 64, 8, [511, 0, 64], True),
+    (2, 6, 2, 256, 32, [1100, 3], False),
+    (2, 4, 4, 112, 16, [600, 17], False),
+]
+
+
+@pytest.mark.parametrize("case", FP8_GRID, ids=_ids)
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scale_as_tensor", [False, True], ids=["float-scale", "tensor-scale"])
+def test_fp8_cache_matches_reference(ops, case, kv_cache_dtype, dtype, scale_as_tensor):
+    s, h, kvh, d, bs, lens, alibi = case
+    inputs = make_attention_inputs(s, h, kvh, d, bs, lens, dtype=getattr(torch, dtype),
+                                   kv_cache_dtype=kv_cache_dtype, use_alibi=alibi, device=DEV,
+                                   scale_as_tensor=scale_as_tensor, seed=3)
+    _check_v2(ops, inputs)
+    _check_v1(ops, inputs)
+
+
+def test_strided_query_and_larger_scratch(ops):
+    # query a slice of a fused qkv tensor (NaN elsewhere); scratch with spare partitions
+    inputs = make_attention_inputs(4, 16, 4, 128, 16, [1537, 2, 600, 1024], dtype=torch.float16,
+                                   device=DEV, noncontig_query=True, seed=11)
+    assert inputs.query.stride(0) > 16 * 128
+    _check_v2(ops, inputs, max_num_partitions=7)
+    _check_v1(ops, inputs)
+
+
+def test_max_seq_len_is_only_a_hint(ops):
+    inputs = make_attention_inputs(2, 8, 2, 64, 16, [1500, 700], dtype=torch.float32, device=DEV)
+    inputs.max_seq_len = 1  # a wrong hint must not drop tokens
+    _check_v2(ops, inputs)
+    _check_v1(ops, inputs)
+
+
+def test_unsupported_head_size(ops):
+    inputs = make_attention_inputs(1, 2, 1, 48, 16, [10], dtype=torch.float16, device=DEV)
+    with pytest.raises(ValueError, match="Unsupported head size: 48"):
+        call_v1(ops.v1, inputs, alloc_v1_outputs(inputs))
+
+
+# ---- data-dependent validity: NaN rows, never an out-of-bounds read ----
+
+def _nan_rows(out):
+    return out.isnan().flatten(1).all(dim=1).tolist()
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_bad_data_gives_nan_rows(ops, version):
+    lens = [40, 40, 40, 40, 40]
+    inputs = make_attention_inputs(5, 8, 2, 64, 16, lens, dtype=torch.float16, device=DEV, seed=5)
+    bt = inputs.block_tables
+    bt[1, 1] = inputs.num_blocks + 1000  # used block id past the pool
+    bt[2, 0] = -7                        # negative used block id
+    seq_lens = inputs.seq_lens
+    seq_lens[3] = -1                                     # negative length
+    seq_lens[4] = bt.shape[1] * inputs.block_size + 1    # beyond the table's capacity
+    if version == "v1":
+        out = call_v1(ops.v1, inputs, alloc_v1_outputs(inputs, fill=0.0))
+    else:
+        out = call_v2(ops.v2, inputs, alloc_v2_outputs(inputs, fill=0.0)).out
+    torch.cuda.synchronize()
+    assert _nan_rows(out) == [False, True, True, True, True]
+    # the good row is still right
+    good = make_attention_inputs(5, 8, 2, 64, 16, lens, dtype=torch.float16, device=DEV, seed=5)
+    expected = call_v1(reference.paged_attention_v1, good, alloc_v1_outputs(good))
+    assert_out_matches(out[:1], expected[:1], torch.float16)
+
+
+def test_v2_scratch_too_small_gives_nan_row(ops):
+    inputs = make_attention_inputs(2, 4, 4, 64, 16, [1100, 300], dtype=torch.float32, device=DEV)
+    outputs = call_v2(ops.v2, inputs, alloc_v2_outputs(inputs, max_num_partitions=2, fill=0.0))
+    torch.cuda.synchronize()
+    assert _nan_rows(outputs.out) == [True, False]  # 1100 tokens need 3 partitions
+
+
+# ---- reshape_and_cache ----
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scale_as_tensor", [False, True], ids=["float-scale", "tensor-scale"])
+def test_reshape_and_cache_matches_reference(ops, kv_cache_dtype, dtype, scale_as_tensor):
+    dtype = getattr(torch, dtype)
+    gen = torch.Generator().manual_seed(7)
+    num_tokens, kvh, d, bs, num_blocks = 37, 4, 80, 16, 9
+    fp8 = kv_cache_dtype != "auto"
+    cache_dtype = torch.uint8 if fp8 else dtype
+    x = 16 // torch.empty((), dtype=cache_dtype).element_size()
+    key = (torch.randn(num_tokens, kvh, d, generator=gen) * 100).to(dtype).to(DEV)  # some saturate
+    value = torch.randn(num_tokens, kvh, d, generator=gen).to(dtype).to(DEV)
+    slots = torch.randperm(num_blocks * bs, generator=gen)[:num_tokens]
+    slots[::5] = -1  # padding tokens
+    slot_mapping = slots.to(torch.int64).to(DEV)
+    k_cache = torch.zeros(num_blocks, kvh, d // x, bs, x, dtype=cache_dtype, device=DEV)
+    v_cache = torch.zeros(num_blocks, kvh, d, bs, dtype=cache_dtype, device=DEV)
+    k_scale, v_scale = (0.37, 1.9) if fp8 else (1.0, 1.0)
+    if scale_as_tensor:
+        k_scale = torch.tensor(k_scale, device=DEV)
+        v_scale = torch.tensor(v_scale, device=DEV)
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    ops.reshape_and_cache(key, value, k_cache, v_cache, slot_mapping, kv_cache_dtype, k_scale,
+                          v_scale)
+    reference.reshape_and_cache(key, value, k_ref, v_ref, slot_mapping, kv_cache_dtype, k_scale,
+                                v_scale)
+    torch.cuda.synchronize()
+    assert torch.equal(k_cache, k_ref)  # bit-exact: same conversion, same rounding
+    assert torch.equal(v_cache, v_ref)
+
+
+# ---- torch integration ----
+
+def test_opcheck_on_cuda(ops):
+    inputs = make_attention_inputs(2, 4, 2, 64, 16, [600, 3], dtype=torch.float16, device=DEV)
+    args = testing._attention_args(inputs)
+    outputs = alloc_v2_outputs(inputs, fill=0.0)
+    torch.library.opcheck(ops.v2.default, (*outputs, *args))
+    torch.library.opcheck(ops.v1.default, (outputs.out, *args))
+    key = torch.randn(3, 2, 64, dtype=torch.float16, device=DEV)
+    k_cache = torch.zeros_like(inputs.key_cache)
+    v_cache = torch.zeros_like(inputs.value_cache)
+    slots = torch.tensor([0, -1, 17], dtype=torch.int64, device=DEV)
+    torch.library.opcheck(ops.reshape_and_cache.default, (key, key, k_cache, v_cache, slots))
+
+
+def test_cuda_graph_replay_with_new_lengths(ops):
+    """Capture v2 once, then change seq_lens / block tables in place and replay: the graph must
+    pick up the new data (grids come from shapes, nothing is read on the host)."""
+    lens_a, lens_b = [700, 5, 1537], [1536, 513, 1]
+    max_parts = 4
+    a = make_attention_inputs(3, 8, 2, 128, 16, lens_a, dtype=torch.bfloat16, device=DEV, seed=1)
+    b = make_attention_inputs(3, 8, 2, 128, 16, lens_b, dtype=torch.bfloat16, device=DEV, seed=2)
+    outputs = alloc_v2_outputs(a, max_num_partitions=max_parts)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call_v2(ops.v2, a, outputs)  # warm-up outside the graph
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call_v2(ops.v2, a, outputs)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_v2_matches(outputs, _reference_v2(a, max_parts), lens_a, a.dtype)
+
+    # new lengths, tables and caches, same shapes: copy into the captured tensors
+    def fit(src, dst):
+        dst.fill_(float("nan") if dst.is_floating_point() else -1)
+        region = tuple(slice(0, min(s, t)) for s, t in zip(src.shape, dst.shape))
+        dst[region] = src[region]
+
+    big = max(a.num_blocks, b.num_blocks)
+    if b.num_blocks > a.num_blocks or b.block_tables.shape[1] > a.block_tables.shape[1]:
+        pytest.skip(f"inputs b need a bigger pool than a ({big} blocks)")
+    fit(b.key_cache, a.key_cache)
+    fit(b.value_cache, a.value_cache)
+    fit(b.block_tables, a.block_tables)
+    a.seq_lens.copy_(b.seq_lens)
+    a.query.copy_(b.query)
+    a.seq_lens_list = lens_b
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_v2_matches(outputs, _reference_v2(a, max_parts), lens_b, a.dtype)
+
+
+def test_long_context_100k(ops):
+    lens = [100_000]
+    inputs = make_attention_inputs(1, 32, 8, 128, 16, lens, dtype=torch.bfloat16, device=DEV,
+                                   seed=9, extra_blocks=1)
+    _check_v2(ops, inputs, max_num_partitions=math.ceil(100_000 / 512))
+    _check_v1(ops, inputs)
