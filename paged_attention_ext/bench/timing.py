@@ -1,10 +1,11 @@
 """Timing one callable: warm-up, then N timed calls with the caches made cold before each one,
 summarised by the median (and the spread, to judge the noise).
 
-CPU: the last-level cache is flushed before every call by writing a buffer twice its size (so K
+CPU: the last-level cache is flushed before every call by reading a buffer twice its size (so K
 and V come from DRAM, as in a real decode step where the rest of the model ran in between), and
 each call is timed with perf_counter. CUDA: L2 flushed the same way, each call timed with a pair
-of CUDA events.
+of CUDA events. NOTE: the flush READS: writing would leave the cache full of dirty lines whose
+write-back would then be charged to the timed call.
 """
 
 from __future__ import annotations
@@ -51,18 +52,18 @@ def cpu_llc_bytes() -> int:
 
 
 class CacheFlusher:
-    """Writes a buffer of twice the last-level cache; after that the cache holds none of the
-    benchmark's data."""
+    """Reads a buffer of twice the last-level cache; after that the cache holds none of the
+    benchmark's data (and nothing dirty)."""
 
     def __init__(self, device: str):
         if device == "cuda":
             size = 2 * torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
         else:
             size = 2 * cpu_llc_bytes()
-        self.buffer = torch.empty(max(size, 1 << 20) // 4, dtype=torch.float32, device=device)
+        self.buffer = torch.ones(max(size, 1 << 20) // 4, dtype=torch.float32, device=device)
 
     def __call__(self):
-        self.buffer.fill_(1.0)
+        self.buffer.sum()
 
 
 @dataclass(frozen=True)
