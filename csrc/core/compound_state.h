@@ -19,8 +19,10 @@
 
 #if defined(__CUDACC__) || defined(__HIPCC__)
 #define PA_HOST_DEVICE __host__ __device__ __forceinline__
+#define PA_UNROLL _Pragma("unroll")
 #else
 #define PA_HOST_DEVICE inline
+#define PA_UNROLL _Pragma("GCC unroll 8")
 #endif
 
 namespace paged_attn {
@@ -72,7 +74,7 @@ struct CompoundState {
 
   PA_HOST_DEVICE void init() {
     stats = empty_stats();
-#pragma unroll
+PA_UNROLL
     for (int i = 0; i < N; ++i) out[i] = 0.0f;
   }
 
@@ -80,7 +82,7 @@ struct CompoundState {
   PA_HOST_DEVICE void merge(const CompoundState& other) {
     MergeFactors f;
     stats = merge_stats(stats, other.stats, f);
-#pragma unroll
+PA_UNROLL
     for (int i = 0; i < N; ++i) out[i] = out[i] * f.scale_a + other.out[i] * f.scale_b;
   }
 };
