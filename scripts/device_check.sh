@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# device_check.sh — build and check the CUDA kernels on a machine with an NVIDIA GPU.
+#
+# Usage: scripts/device_check.sh [output dir]     (default: $OUT if set, else ./device-out)
+# Env:   PYTHON  a python with a CUDA torch (default: the repo's .venv if present, else python3)
+#
+# Steps (each under a time limit; the whole script stays under ~8 minutes):
+#   1. GPU present? (nvidia-smi and torch.cuda.is_available(); exits 3 at once if not)
+#   2. build the extension with all cores for this GPU's arch (MAX_JOBS=16,
+#      TORCH_CUDA_ARCH_LIST from the device capability), ptxas resource report in the log
+#   3. tests/test_cuda_kernels.py and tests/test_warp_reduce_host.py
+#   4. scripts/bench_cuda.py (ours vs SDPA vs the oracle, with the copy bandwidth)
+#   5. the CLI benchmark, python -m paged_attention_ext bench --device cuda (if the CLI has it)
+# Writes <out>/<step>.log, <out>/bench_cuda.md and <out>/results.md (one row per step).
+# No network is needed. Exit status: 0 when every step passed, else the number of failed steps
+# (3 when there is no GPU).
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT_DIR="${1:-${OUT:-$ROOT/device-out}}"
+mkdir -p "$OUT_DIR"
+OUT_DIR="$(cd "$OUT_DIR" && pwd)"
+cd "$ROOT"
+
+if [[ -n "${PYTHON:-}" ]]; then
+  PY="$PYTHON"
+elif [[ -x "$ROOT/.venv/bin/python" ]]; then
+  PY="$ROOT/.venv/bin/python"
+else
+  PY="python3"
+fi
+
+RESULTS="$OUT_DIR/results.md"
+{
+  echo "# device_check.sh results"
+  echo
+  echo "host $(hostname), $(date -u +%Y-%m-%dT%H:%M:%SZ), python: $PY, commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+  echo
+  echo "| step | status | seconds | log |"
+  echo "|---|---|---|---|"
+} > "$RESULTS"
+FAILED=0
+
+# run_step NAME TIMEOUT_SECONDS COMMAND... : runs with a time limit, logs, adds a results row.
+run_step() {
+  local name="$1" limit="$2"
+  shift 2
+  local log="$OUT_DIR/$name.log" start status
+  start=$(date +%s)
+  echo "== $name (limit ${limit}s): $*"
+  timeout --kill-after=10 "$limit" "$@" > "$log" 2>&1
+  local rc=$?
+  local secs=$(( $(date +%s) - start ))
+  if [[ $rc -eq 0 ]]; then
+    status="ok"
+  elif [[ $rc -eq 124 || $rc -eq 137 ]]; then
+    status="TIMEOUT"
+    FAILED=$((FAILED + 1))
+  else
+    status="FAILED (rc $rc)"
+    FAILED=$((FAILED + 1))
+  fi
+  echo "   -> $status in ${secs}s (log: $log)"
+  tail -n 5 "$log" | sed 's/^/   | /'
+  echo "| $name | $status | $secs | $(basename "$log") |" >> "$RESULTS"
+  return $rc
+}
+
+# ---- 1. GPU present? fail fast and clearly when not ----
+if ! command -v nvidia-smi > /dev/null 2>&1 || ! timeout 20 nvidia-smi -L > "$OUT_DIR/gpu.log" 2>&1; then
+  echo "device_check.sh: no NVIDIA GPU here (nvidia-smi missing or failing); nothing to check." >&2
+  echo "| gpu | NO GPU (nvidia-smi) | 0 | gpu.log |" >> "$RESULTS"
+  exit 3
+fi
+ARCH=$(timeout 60 "$PY" -c "
+import torch, sys
+if not torch.cuda.is_available():
+    sys.exit('torch.cuda.is_available() is False (torch ' + torch.__version__ + ', CUDA ' + str(torch.version.cuda) + ')')
+major, minor = torch.cuda.get_device_capability()
+print(f'{major}.{minor}')
+" 2>> "$OUT_DIR/gpu.log")
+if [[ -z "$ARCH" ]]; then
+  echo "device_check.sh: $PY cannot use the GPU: $(tail -n 1 "$OUT_DIR/gpu.log")" >&2
+  echo "| gpu | NO GPU (torch) | 0 | gpu.log |" >> "$RESULTS"
+  exit 3
+fi
+cat "$OUT_DIR/gpu.log"
+echo "| gpu | ok: $(head -n 1 "$OUT_DIR/gpu.log" | cut -c1-60), sm_${ARCH/./} | 0 | gpu.log |" >> "$RESULTS"
+
+# ---- 2. build for this GPU ----
+export MAX_JOBS=16 TORCH_CUDA_ARCH_LIST="$ARCH" PAGED_ATTN_BUILD_CUDA=1 PAGED_ATTN_PTXAS_VERBOSE=1
+if [[ -z "${CUDA_HOME:-}" && -d /usr/local/cuda ]]; then export CUDA_HOME=/usr/local/cuda; fi
+run_step build 300 "$PY" setup.py build_ext --inplace
+BUILD_RC=$?
+if [[ $BUILD_RC -ne 0 ]]; then
+  echo "device_check.sh: the build failed; see $OUT_DIR/build.log" >&2
+  exit "$FAILED"
+fi
+grep -E "spill|Compiling entry" "$OUT_DIR/build.log" > "$OUT_DIR/ptxas_resources.log" || true
+
+# ---- 3. tests ----
+run_step tests_cuda 180 "$PY" -m pytest tests/test_cuda_kernels.py tests/test_warp_reduce_host.py \
+  -q -x -rs -p no:cacheprovider
+
+# ---- 4. our benchmark ----
+run_step bench_cuda 120 "$PY" scripts/bench_cuda.py --iters 30 --out "$OUT_DIR/bench_cuda.md"
+
+# ---- 5. the CLI benchmark (written by another engineer; optional when the CLI lacks it) ----
+if "$PY" -m paged_attention_ext bench --help > /dev/null 2>&1; then
+  run_step bench_cli 90 "$PY" -m paged_attention_ext bench --device cuda
+else
+  echo "| bench_cli | skipped (no 'bench' subcommand) | 0 | |" >> "$RESULTS"
+fi
+
+echo
+cat "$RESULTS"
+[[ -f "$OUT_DIR/bench_cuda.md" ]] && cat "$OUT_DIR/bench_cuda.md"
+exit "$FAILED"
