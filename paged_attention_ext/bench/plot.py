@@ -17,14 +17,20 @@ def _pyplot():
         raise PlotUnavailable("--plot needs matplotlib: pip install matplotlib") from exc
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt
-    return plt
+    import matplotlib.ticker as ticker
+    return plt, ticker
+
+
+def _tokens(n: float) -> str:
+    return f"{n / 1024:g}k" if n >= 1024 and n % 1024 == 0 else (
+        f"{n / 1000:g}k" if n >= 1000 and n % 1000 == 0 else f"{n:g}")
 
 
 def save_plot(data: dict, path: str):
-    plt = _pyplot()
+    plt, ticker = _pyplot()
     rows = [r for r in data["results"] if r.get("gbps")]
     families = list(dict.fromkeys(r["shape"]["family"] for r in data["results"]))
-    cols = min(3, max(1, len(families)))
+    cols = 2 if len(families) in (2, 4) else min(3, max(1, len(families)))
     nrows = math.ceil(len(families) / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(5 * cols, 3.8 * nrows), squeeze=False)
     bw = data["bandwidth"]
@@ -43,6 +49,15 @@ def save_plot(data: dict, path: str):
                    label=f"copy BW {bw['copy_gbps']:.0f} GB/s")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")  # contenders span orders of magnitude
+        ctxs = sorted({r["shape"]["ctx"] for r in data["results"]
+                       if r["shape"]["family"] == family})
+        ax.set_xticks(ctxs, [_tokens(c) for c in ctxs])
+        ax.xaxis.set_minor_locator(ticker.NullLocator())
+        if len(ctxs) == 1:
+            ax.set_xlim(ctxs[0] / 2, ctxs[0] * 2)
+        ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(ticker.NullFormatter())
         ax.set_xlabel("context length (tokens)")
         ax.set_ylabel("GB/s (K+V once + q + out)")
         ax.set_title(f"{family}: batch {sample['batch']}, {sample['heads']}/{sample['kv_heads']} "
