@@ -18,7 +18,10 @@
 //           reduction per (g, d) at the end. V rows are [block_size] contiguous per d.
 // Slots outside [lo, hi) are masked to zero in BOTH p and V loads (0 * NaN would be NaN).
 // Prefetch (addresses known from the block table): while scoring block i, block i + 4's K and
-// block i's V are prefetched into L2, so PV finds the partition's V there.
+// block i's V are prefetched into L2, so PV finds the partition's V there. The prefetches are
+// spread over the K rows of block i (one row's worth per row) instead of issued in a burst: a
+// burst stalls on the miss buffers and leaves nothing in flight during the compute (measured:
+// v2 time / linear read time of the same bytes fell from ~3.8 to ~2.0).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -162,7 +165,8 @@ struct TaskShape {
 // block is read front to back, which the hardware prefetcher follows.
 template <typename Cache, int GT, int JT>
 PA_AVX512 void qk_block(const typename Cache::storage* kblk, const float* qpat,
-                        const TaskShape& s, float* logits) {
+                        const TaskShape& s, float* logits, const char* pf_a, const char* pf_b) {
+  const int64_t row_bytes = s.kv_bytes / s.C;  // bytes of one K row c
   const __mmask16 first_lanes = s.x == 4 ? 0x1111 : s.x == 8 ? 0x0101 : 0x0001;
   for (int j = 0; j < s.R; j += 16 * JT) {
     __mmask16 m[JT];
@@ -180,6 +184,12 @@ PA_AVX512 void qk_block(const typename Cache::storage* kblk, const float* qpat,
       for (int jt = 0; jt < JT; ++jt) acc[g][jt] = _mm512_setzero_ps();
     for (int c = 0; c < s.C; ++c) {
       const auto* kp = kblk + static_cast<int64_t>(c) * s.R + j;
+      if (j == 0) {  // spread the prefetches of the next blocks over this block's compute
+        for (int64_t off = c * row_bytes; off < (c + 1) * row_bytes; off += 64) {
+          if (pf_a) _mm_prefetch(pf_a + off, _MM_HINT_T1);
+          _mm_prefetch(pf_b + off, _MM_HINT_T1);
+        }
+      }
       __m512 kv[JT];
 #pragma GCC unroll 8
       for (int jt = 0; jt < JT; ++jt) kv[jt] = Load<Cache>::at(kp + 16 * jt, m[jt]);
@@ -290,9 +300,11 @@ PA_AVX512 void run_head_tile(const PagedAttentionParams& p, const KernelInputs& 
   for (int i = 0; i < std::min(kAhead, nspans); ++i)
     prefetch_bytes<_MM_HINT_T1>(K + spans[i].offset, s.kv_bytes);
   for (int i = 0; i < nspans; ++i) {
-    if (i + kAhead < nspans) prefetch_bytes<_MM_HINT_T1>(K + spans[i + kAhead].offset, s.kv_bytes);
-    prefetch_bytes<_MM_HINT_T1>(V + spans[i].offset, s.kv_bytes);
-    qk_block<Cache, GT, (GT <= 2 ? 8 : 4)>(K + spans[i].offset, qpat, s, logits + spans[i].buf);
+    const char* next_k = i + kAhead < nspans
+                             ? reinterpret_cast<const char*>(K + spans[i + kAhead].offset) : nullptr;
+    qk_block<Cache, GT, (GT <= 2 ? 8 : 4)>(K + spans[i].offset, qpat, s, logits + spans[i].buf,
+                                           next_k,
+                                           reinterpret_cast<const char*>(V + spans[i].offset));
   }
 
   // Softmax per head over the partition's tokens; ALiBi bias first.
