@@ -4,7 +4,9 @@
 #
 # Usage: scripts/cuda_resource_report.sh [output file]   (default docs/cuda_resource_report.txt)
 # Env:   TORCH_CUDA_ARCH_LIST (default "8.0;9.0"), NVCC (default nvcc on PATH or /usr/local/bin),
-#        JOBS (parallel nvcc processes, default 2), ONLY (a glob of .cu names, default all).
+#        JOBS (parallel nvcc processes, default 2), ONLY (a glob of .cu names, default all),
+#        FROM_LOG (parse this build log instead of compiling, e.g. the output of
+#        `PAGED_ATTN_PTXAS_VERBOSE=1 python setup.py build_ext --inplace`: the real build's flags).
 # Needs no GPU and no torch: the kernel files include only csrc/ headers and the CUDA toolkit.
 # Exits non-zero when any kernel spills (the project's rule: 0 bytes spill everywhere).
 set -euo pipefail
@@ -23,13 +25,17 @@ for f in "$ROOT"/csrc/cuda/${ONLY:-*.cu}; do
 done
 
 start=$(date +%s)
+if [[ -n "${FROM_LOG:-}" ]]; then
+  cp "$FROM_LOG" "$WORK/build.log"
+  ARCHS=""
+fi
 IFS=';' read -ra ARCH_ARR <<< "$ARCHS"
 for arch in "${ARCH_ARR[@]}"; do
   sm="${arch//./}"; sm="${sm%%+PTX}"
   for f in "${FILES[@]}"; do
-    echo "$sm $f"
+    [[ -n "$sm" ]] && echo "$sm $f"
   done
-done | xargs -P "$JOBS" -L 1 bash -c '
+done | xargs -r -P "$JOBS" -L 1 bash -c '
   sm=$0; f=$1; log="'"$WORK"'/$(basename "$f" .cu).sm_$sm.log"
   "'"$NVCC"'" -std=c++20 -O3 --expt-relaxed-constexpr -gencode "arch=compute_$sm,code=sm_$sm" \
     -Xptxas=-v -I"'"$ROOT"'/csrc" -c "$f" -o /dev/null > "$log" 2>&1 || { cat "$log"; exit 255; }'
@@ -78,6 +84,8 @@ version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).st
 with open(out, "w") as f:
     f.write("# CUDA kernel resource report (ptxas -v), written by scripts/cuda_resource_report.sh\n")
     f.write(f"# nvcc: {version}\n")
+    source = os.environ.get("FROM_LOG")
+    f.write(f"# source: {'build log ' + os.path.basename(source) if source else 'direct nvcc -O3 per .cu file'}\n")
     f.write(f"# kernels: {len(rows)}  spilling: {len(spilling)}  compile wall time: {elapsed} s\n")
     f.write("# attention kernel template args: <Scalar, cache, kDimsPerLane, kHeadTile, warp, warps>\n")
     f.write(f"{'arch':7} {'regs':>4} {'stack':>5} {'spill_st':>8} {'spill_ld':>8} {'smem':>6}  kernel\n")

@@ -5,8 +5,9 @@
 // the kernels pass as a compile-time constant.
 // fp8 decode is exact (every fp8 value is a half): e5m2 is the top byte of a half; e4m3fn goes
 // through cuda_fp8.h's fp8 -> half conversion (a hardware cvt on sm_89+), bit-identical to
-// torch's float8_e4m3fn -> float. Encode (reshape_and_cache) is round-to-nearest-even saturated to
-// the finite range (cuda_fp8.h __NV_SATFINITE), as reference.encode_cache (clamp, then convert).
+// torch's float8_e4m3fn -> float (and to csrc/core/fp8.h's decode). Encode (reshape_and_cache)
+// is csrc/core/fp8.h: round-to-nearest-even saturated to the finite range, as
+// reference.encode_cache (clamp, then convert).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -16,6 +17,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "../core/fp8.h"
 #include "../core/params.h"
 
 namespace paged_attn {
@@ -50,9 +52,10 @@ __device__ __forceinline__ float fp8_to_float(uint32_t byte, bool e5m2) {
   return __half2float(__half(h));
 }
 
+// Encode with csrc/core/fp8.h (the project's one definition, shared with the CPU kernels and
+// checked bit for bit against torch): saturating round-to-nearest-even, NaN kept.
 __device__ __forceinline__ uint8_t float_to_fp8(float v, bool e5m2) {
-  return static_cast<uint8_t>(
-      __nv_cvt_float_to_fp8(v, __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3));
+  return e5m2 ? fp8::float_to_e5m2(v) : fp8::float_to_e4m3(v);
 }
 
 // Four fp8 bytes of one 32-bit word -> out[0..3] (little-endian: byte 0 first).
