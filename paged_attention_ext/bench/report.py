@@ -41,6 +41,13 @@ def _fmt(value: Optional[float], spec: str, empty: str = "-") -> str:
     return empty if value is None else format(value, spec)
 
 
+def _small(value: Optional[float]) -> str:
+    """Three significant figures at most, without hiding small values as 0."""
+    if value is None:
+        return "-"
+    return f"{value:.0f}" if value >= 100 else (f"{value:.1f}" if value >= 1 else f"{value:.2f}")
+
+
 def _cells(row: dict) -> list:
     timing = row.get("timing")
     spread = None
@@ -50,8 +57,8 @@ def _cells(row: dict) -> list:
     contender = row["contender"] + (" *" if row["contender"] == f"ours-{row['vllm_pick']}" else "")
     ok = {True: "yes", False: "FAIL", None: "-"}[row.get("correct")]
     return [row["label"], contender, _fmt(row["median_ms"], ".3f"),
-            _fmt(spread, ".0f") + ("%" if spread is not None else ""), _fmt(row["gbps"], ".1f"),
-            _fmt(row["pct_of_read_bw"], ".0f"), _fmt(row.get("speedup"), ".2f"),
+            _fmt(spread, ".0f") + ("%" if spread is not None else ""), _small(row["gbps"]),
+            _small(row["pct_of_read_bw"]), _fmt(row.get("speedup"), ".2f"),
             _fmt(row.get("max_abs_err"), ".1e"), ok,
             _fmt(None if peak is None else peak / 2**20, ".1f"), row.get("note", "")]
 
