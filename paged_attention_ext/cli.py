@@ -173,6 +173,12 @@ def main(argv: Optional[list] = None) -> int:
     from_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
+    try:
+        import rich  # noqa: F401  (tables and progress of every subcommand)
+    except ImportError:
+        print("paged-attn needs the 'rich' package: pip install rich "
+              "(or pip install 'paged_attention_ext[bench]')", file=sys.stderr)
+        return EXIT_USAGE
     if args.command == "bench" and from_command_line:
         _reexec_with_passive_omp(argv)
     handler = {"info": _cmd_info, "check": _cmd_check, "bench": _cmd_bench}[args.command]
