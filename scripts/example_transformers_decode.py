@@ -44,7 +44,7 @@ def parse_args():
     return p.parse_args()
 
 
-def build_model(args):
+def build_model(args, attn_implementation):
     config = transformers.LlamaConfig(
         vocab_size=1000, hidden_size=args.heads * args.head_size, intermediate_size=512,
         num_hidden_layers=args.layers, num_attention_heads=args.heads,
@@ -52,7 +52,8 @@ def build_model(args):
         max_position_embeddings=4096, initializer_range=0.08, bos_token_id=None,
         eos_token_id=None, pad_token_id=0)
     torch.manual_seed(args.seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    model = transformers.AutoModelForCausalLM.from_config(
+        config, attn_implementation=attn_implementation)
     return model.eval().to(device=args.device, dtype=DTYPES[args.dtype])
 
 
@@ -81,9 +82,9 @@ def main():
     args = parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = build_model(args)
-    paged_model = build_model(args)  # same seed: same weights
-    paged_model.set_attn_implementation(paged_tf.ATTN_IMPLEMENTATION)
+    model = build_model(args, "sdpa")
+    paged_model = build_model(args, paged_tf.ATTN_IMPLEMENTATION)
+    paged_model.load_state_dict(model.state_dict())  # the same weights
     gen = torch.Generator().manual_seed(args.seed + 1)
     lengths = torch.randint(args.min_prompt, args.max_prompt + 1, (args.batch,), generator=gen)
     prompts = [torch.randint(1, 1000, (int(n),), generator=gen) for n in lengths]

@@ -29,7 +29,10 @@ transformers = pytest.importorskip(
     "transformers", reason="transformers is not installed (optional: pip install "
     "'paged_attention_ext[transformers]')")
 
-from paged_attention_ext.integrations import transformers as paged_tf  # noqa: E402
+try:  # ImportError also when transformers is older than the integration needs
+    from paged_attention_ext.integrations import transformers as paged_tf
+except ImportError as error:
+    pytest.skip(f"transformers integration unavailable: {error}", allow_module_level=True)
 from paged_attention_ext.integrations.paged_kv_cache import PagedKVCache  # noqa: E402
 
 NEW_TOKENS = 32
@@ -108,9 +111,12 @@ def _check_against_transformers(model, prompts, ours, ref_tokens, ref_logits, dt
 
 
 def _paged_model(model):
-    paged = copy.deepcopy(model)
-    paged.set_attn_implementation(paged_tf.ATTN_IMPLEMENTATION)
-    return paged
+    """The same weights loaded as users load a model: attn_implementation="paged_attn"."""
+    paged = transformers.AutoModelForCausalLM.from_config(
+        copy.deepcopy(model.config), attn_implementation=paged_tf.ATTN_IMPLEMENTATION)
+    paged.load_state_dict(model.state_dict())
+    assert paged.config._attn_implementation == paged_tf.ATTN_IMPLEMENTATION
+    return paged.to(model.dtype).eval()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

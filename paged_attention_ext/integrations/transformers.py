@@ -28,6 +28,10 @@ from typing import Optional, Sequence
 import torch
 import transformers
 
+if not hasattr(transformers, "AttentionInterface"):  # added to transformers' API in 4.53-ish
+    raise ImportError(f"paged_attention_ext.integrations.transformers needs transformers>=4.53 "
+                      f"(transformers.AttentionInterface); found {transformers.__version__}")
+
 from ..api import use_v1
 from .paged_kv_cache import PagedKVCache, StepMetadata
 
