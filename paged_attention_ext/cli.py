@@ -116,6 +116,12 @@ def _bench_config(args):
     if unknown:
         raise ValueError(f"unknown contender(s) {', '.join(unknown)}; choose from "
                          f"{', '.join(contenders.CONTENDERS)}")
+    element_size = 1 if args.kv_cache_dtype != "auto" else getattr(torch, dtype_name).itemsize
+    for shape in shapes:
+        if shape.head % (16 // element_size):
+            raise ValueError(f"head size {shape.head} must be a multiple of x = "
+                             f"{16 // element_size} for a {args.kv_cache_dtype} / {dtype_name} "
+                             "cache")
     return BenchConfig(device=device, dtype=getattr(torch, dtype_name),
                        kv_cache_dtype=args.kv_cache_dtype, shapes=shapes, contenders=names,
                        full=args.full, seed=args.seed, bandwidth_bytes=args.bandwidth_mib << 20)
@@ -124,13 +130,15 @@ def _bench_config(args):
 def _cmd_bench(args) -> int:
     from .bench import report
     from .bench.machine import machine_info
-    from .bench.plot import PlotUnavailable, save_plot
+    from .bench.plot import PlotUnavailable, check_available, save_plot
     from .bench.progress import progress_display
     from .bench.runner import any_incorrect, run_bench, total_steps
 
     try:
         config = _bench_config(args)
-    except ValueError as exc:
+        if args.plot:
+            check_available()
+    except (ValueError, PlotUnavailable) as exc:
         print(f"paged-attn bench: {exc}", file=sys.stderr)
         return EXIT_USAGE
     with progress_display(total_steps(config), enabled=not args.no_progress) as progress:

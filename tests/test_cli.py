@@ -238,6 +238,9 @@ def test_bench_contender_that_raises_is_a_failure(monkeypatch, capsys, tmp_path)
 def test_bench_usage_errors(capsys):
     assert cli.main(["bench", "--shape", "heads=6,kv_heads=4"]) == 2
     assert cli.main(["bench", "--preset", "tiny", "--contenders", "nope"]) == 2
+    assert cli.main(["bench", "--shape", "head=36", "--dtype", "bfloat16"]) == 2  # x = 8
+    err = capsys.readouterr().err
+    assert "divisible" in err and "nope" in err and "multiple of x = 8" in err
     with pytest.raises(SystemExit):
         cli.main(["bench", "--quick", "--full"])
 

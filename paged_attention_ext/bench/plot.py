@@ -21,6 +21,11 @@ def _pyplot():
     return plt, ticker
 
 
+def check_available():
+    """Raises PlotUnavailable before a long run whose plot could not be drawn."""
+    _pyplot()
+
+
 def _tokens(n: float) -> str:
     return f"{n / 1024:g}k" if n >= 1024 and n % 1024 == 0 else (
         f"{n / 1000:g}k" if n >= 1000 and n % 1000 == 0 else f"{n:g}")
