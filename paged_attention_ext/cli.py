@@ -19,7 +19,7 @@ _REEXEC_MARK = "PAGED_ATTN_BENCH_REEXEC"
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="paged-attn", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="paged-attn", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -45,7 +45,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
                        help="query / cache dtype (default: float32 on cpu, bfloat16 on cuda)")
     bench.add_argument("--kv-cache-dtype", default="auto",
-                       choices=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"))
+                       choices=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
+                       help="KV cache storage: the dtype itself (auto) or fp8 bytes")
     bench.add_argument("--preset", action="append", choices=PRESET_NAMES, default=None,
                        help="repeatable; default: the realistic presets for the device")
     bench.add_argument("--shape", action="append", default=None, metavar="SPEC",
@@ -61,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--bandwidth-mib", type=int, default=0, metavar="MIB",
                        help="buffer for the bandwidth measurement (default: 16x the CPU's "
                             "last-level cache, at least 256 MiB; 1 GiB on CUDA)")
-    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--seed", type=int, default=0, help="seed of the random inputs (0)")
     bench.add_argument("--no-progress", action="store_true", help="no live progress display")
     return parser
 
