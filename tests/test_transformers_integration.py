@@ -188,6 +188,20 @@ def test_the_driver_and_the_attention_function_refuse_misuse(paged_ops):
     with pytest.raises(ValueError, match="paged_step"):
         paged(torch.tensor([[1, 2, 3]]), use_cache=False)
 
+    # Attention variants the ops do not compute are refused, not silently ignored.
+    cache = PagedKVCache(1, 2, 32, num_blocks=4, block_size=8, dtype=torch.float32)
+    layer, seq = _Layer(8, 2), cache.add_sequence()
+    q, kv = torch.randn(1, 8, 10, 32), torch.randn(1, 2, 10, 32)
+    step = cache.prepare_step([seq], [10])
+    for kwargs, message in [({"sliding_window": 4}, "sliding window"), ({"softcap": 30.0}, "soft"),
+                            ({"s_aux": torch.zeros(8)}, "sinks"), ({"dropout": 0.1}, "dropout")]:
+        with pytest.raises(ValueError, match=message):
+            paged_tf.paged_attention_forward(layer, q, kv, kv, None, paged_step=step, **kwargs)
+    # A window no sequence has reached yet changes nothing: allowed.
+    out, _ = paged_tf.paged_attention_forward(layer, q, kv, kv, None, paged_step=step,
+                                              sliding_window=10)
+    assert out.shape == (1, 10, 8, 32) and out.isfinite().all()
+
 
 # ---- ALiBi ----
 # No ALiBi model of transformers (Bloom, MPT, Falcon) computes attention through the

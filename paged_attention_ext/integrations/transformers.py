@@ -59,8 +59,7 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
             f"attn_implementation {ATTN_IMPLEMENTATION!r} needs the keyword argument paged_step "
             "(a PagedKVCache step): generate with paged_attention_ext.integrations.transformers."
             "generate_greedy, or pass paged_step=cache.prepare_step(...) to the model")
-    if dropout:
-        raise ValueError(f"{ATTN_IMPLEMENTATION}: dropout is not supported (inference only)")
+    _refuse_unsupported(module, dropout, paged_step, kwargs)
     batch, num_heads, q_len, head_size = query.shape
     num_kv_heads = key.shape[1]
     scale = head_size ** -0.5 if scaling is None else scaling
@@ -76,6 +75,23 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
         out = _decode(query[:, :, 0, :], key_cache, value_cache, num_kv_heads, scale, paged_step)
         return out.unsqueeze(1), None
     return _prefill(module, query, key, value, scale, paged_step), None
+
+
+def _refuse_unsupported(module, dropout, step, kwargs):
+    """Attention variants the paged ops do not compute: an error, never a silently wrong output.
+    A sliding window no sequence reaches yet changes nothing and is allowed."""
+    problem = None
+    window = kwargs.get("sliding_window")
+    if dropout:
+        problem = "dropout (inference only)"
+    elif window is not None and step.max_seq_len > window:
+        problem = f"a sliding window ({window} tokens) shorter than a sequence ({step.max_seq_len})"
+    elif kwargs.get("softcap") is not None:
+        problem = "attention logit soft-capping"
+    elif getattr(module, "sinks", None) is not None or kwargs.get("s_aux") is not None:
+        problem = "attention sinks"
+    if problem:
+        raise ValueError(f"{ATTN_IMPLEMENTATION}: {problem} is not supported by the paged ops")
 
 
 def _decode(query, key_cache, value_cache, num_kv_heads, scale, step):
