@@ -42,7 +42,7 @@ from . import validation
 from .reference import _scale_value, encode_cache, inv_sum, merge_stats
 from .validation import PARTITION_SIZE
 
-CHUNK_BYTES = 32 << 20  # fp32 K (and V) gathered per chunk, at most (unless one row-partition is bigger)
+CHUNK_BYTES = 2 << 20  # fp32 K (and V) gathered per chunk, at most (unless one row-partition is bigger)
 _NEG_INF = float("-inf")
 
 
@@ -67,15 +67,85 @@ def _chunk_plan(num_seqs, num_partitions, bytes_per_row_partition):
 
 # ---- gather ----
 
-def _gather_tokens(cache_tokens, block_ids, kind):
-    """cache_tokens: a cache viewed as [kv_heads, num_blocks, block_size, head_size] (V) or
-    [..., head_size / x, x] (K); block_ids int64 [seqs, nb] in range.
-    Returns fp32 [kv_heads, seqs, nb * block_size, head_size] (fp8: decoded, scale NOT applied)."""
-    g = cache_tokens[:, block_ids]  # [kvh, seqs, nb, block_size, ...]: one gather, this layout
-    g = g.flatten(4).flatten(2, 3)  # contiguous: views
+class _Workspace:
+    """Chunk-sized buffers allocated once per call and reused by every chunk (eager mode).
+
+    NOTE: a fresh multi-MiB tensor per chunk is a fresh mmap and page faults on every chunk (the
+    allocator hands big blocks back to the OS); reusing them keeps the chunk pipeline in cache.
+    Under torch.compile the compiler plans memory itself: plain torch.empty.
+    """
+
+    def __init__(self, device):
+        self.device = device
+        self.reuse = not torch.compiler.is_compiling()
+        self.flat = {}
+
+    def empty(self, name, shape, dtype):
+        if not self.reuse:
+            return torch.empty(shape, dtype=dtype, device=self.device)
+        numel = math.prod(shape)
+        buf = self.flat.get(name)
+        if buf is None or buf.dtype != dtype or buf.numel() < numel:
+            buf = self.flat[name] = torch.empty(numel, dtype=dtype, device=self.device)
+        return buf[:numel].view(shape)
+
+
+def _gather_blocks(ws, name, cache, block_ids):
+    """cache rows block_ids [S', nb] -> [S' * nb, *cache.shape[1:]] (contiguous, cache dtype)."""
+    ids = block_ids.flatten()
+    if not ws.reuse:
+        return cache.index_select(0, ids)
+    out = ws.empty(name, (ids.shape[0],) + tuple(cache.shape[1:]), cache.dtype)
+    return torch.index_select(cache, 0, ids, out=out)
+
+
+def _to_fp32(ws, name, t, kind):
+    """Cache elements (contiguous) -> fp32 values, fp8 decoded (scale NOT applied)."""
+    if kind != "auto":
+        t = t.view(validation.FP8_DTYPES[kind])
+    if t.dtype == torch.float32:
+        return t
+    return ws.empty(name, t.shape, torch.float32).copy_(t)
+
+
+def _gather_keys(ws, key_cache, block_ids, groups, kind):
+    """K of the blocks block_ids [S', nb] (in range), token-major, fp32 (fp8: scale NOT applied).
+
+    key_cache [num_blocks, kvh, d/x, block_size, x]; the nb blocks form `groups` equal groups.
+    Returns [S', kvh, groups, nb / groups * block_size, d], contiguous.
+    NOTE: x elements are 16 bytes whatever the dtype, so the permutation moves 16-byte units
+    (viewed as complex128): the (d/x, block_size) transpose costs about one more copy, not the
+    4-16x of an element-wise one.
+    """
+    seqs, nb = block_ids.shape
+    _, kvh, dx, block_size, x = key_cache.shape
+    g = _gather_blocks(ws, "k_blocks", key_cache, block_ids)  # [S' * nb, kvh, d/x, bs, x]
+    shape = (seqs, kvh, groups, nb // groups, block_size, dx)
+    if ws.reuse:
+        g = g.view(torch.complex128).view(seqs, groups, nb // groups, kvh, dx, block_size)
+        t = ws.empty("k_tokens", shape, torch.complex128).copy_(g.permute(0, 3, 1, 2, 5, 4))
+        t = t.view(key_cache.dtype)  # [S', kvh, G, nb/G, bs, d/x * x] in the cache dtype
+    else:  # compiling: inductor fuses the permutation (and has no complex codegen)
+        g = g.view(seqs, groups, nb // groups, kvh, dx, block_size, x)
+        t = g.permute(0, 3, 1, 2, 5, 4, 6).contiguous()  # [S', kvh, G, nb/G, bs, d/x, x]
+    t = _to_fp32(ws, "k_fp32", t, kind)
+    return t.view(seqs, kvh, groups, nb // groups * block_size, dx * x)
+
+
+def _gather_values(ws, value_cache, block_ids, groups, kind):
+    """V of the blocks block_ids [S', nb] (in range), head-dim-major, fp32 (fp8: scale NOT
+    applied). value_cache [num_blocks, kvh, d, block_size]. Returns
+    [S', kvh, groups, d, nb / groups * block_size], contiguous (one copy permutes and converts;
+    its inner runs are whole block rows)."""
+    seqs, nb = block_ids.shape
+    _, kvh, head_size, block_size = value_cache.shape
+    g = _gather_blocks(ws, "v_blocks", value_cache, block_ids)  # [S' * nb, kvh, d, bs]
     if kind != "auto":
         g = g.view(validation.FP8_DTYPES[kind])
-    return g.float() if g.dtype != torch.float32 else g
+    g = g.view(seqs, groups, nb // groups, kvh, head_size, block_size)
+    t = ws.empty("v_tokens", (seqs, kvh, groups, head_size, nb // groups, block_size),
+                 torch.float32).copy_(g.permute(0, 3, 1, 4, 2, 5))
+    return t.view(seqs, kvh, groups, head_size, nb // groups * block_size)
 
 
 def _chunk_block_ids(block_tables, s0, s1, b0, b1, num_blocks):
@@ -90,63 +160,63 @@ def _chunk_block_ids(block_tables, s0, s1, b0, b1, num_blocks):
 
 # ---- one chunk: per-partition states ----
 
-def _chunk_states(q, key_tokens, value_tokens, kind, logit_scale, v_scale, block_tables,
-                  seq_lens, slopes, block_size, num_blocks, s0, s1, p0, p1):
+def _chunk_states(ws, q, key_cache, value_cache, kind, logit_scale, v_scale, block_tables,
+                  seq_lens, slopes, block_size, s0, s1, p0, p1):
     """Partition states of sequences [s0, s1), partitions [p0, p1).
 
-    q [kvh, S, 1, group, d] fp32; key_tokens [kvh, num_blocks, block_size, d] and value_tokens
-    likewise (permuted cache views); slopes [kvh, 1, 1, group, 1] fp32 or None.
-    Returns max, sum [kvh, S', C, group] and out [kvh, S', C, group, d] (out UNnormalised).
+    q [S, kvh, 1, group, d] fp32 (unscaled); slopes [1, kvh, 1, group, 1] fp32 or None.
+    Returns max, sum [S', kvh, C, group] and out [S', kvh, C, group, d] (out UNnormalised).
     """
-    kvh, _, _, group, head_size = q.shape
     num_parts = p1 - p0
     t0, t1 = p0 * PARTITION_SIZE, p1 * PARTITION_SIZE  # the chunk's tokens
     b0, b1 = t0 // block_size, -(-t1 // block_size)  # blocks covering them
     offset = t0 - b0 * block_size  # first chunk token inside the gathered blocks
-    ids = _chunk_block_ids(block_tables, s0, s1, b0, b1, num_blocks)
+    ids = _chunk_block_ids(block_tables, s0, s1, b0, b1, key_cache.shape[0])
     seqs = s1 - s0
+    if offset == 0 and b1 - b0 == num_parts * (PARTITION_SIZE // block_size):
+        # block_size divides 512: gather straight into [S', kvh, C, 512, d] / [S', kvh, C, d, 512]
+        k = _gather_keys(ws, key_cache, ids, num_parts, kind)
+        v = _gather_values(ws, value_cache, ids, num_parts, kind)
+    else:  # other block sizes: cut the gathered tokens into partitions (matmul may copy)
+        span = slice(offset, offset + num_parts * PARTITION_SIZE)
+        k = _gather_keys(ws, key_cache, ids, 1, kind)[:, :, 0, span]
+        k = k.unflatten(2, (num_parts, PARTITION_SIZE))
+        v = _gather_values(ws, value_cache, ids, 1, kind)[:, :, 0, :, span]
+        v = v.unflatten(3, (num_parts, PARTITION_SIZE)).transpose(2, 3)
 
-    def partitions(tokens):  # [kvh, S', nb * block_size, d] -> [kvh, S', C, 512, d]
-        return tokens[:, :, offset:offset + num_parts * PARTITION_SIZE].unflatten(
-            2, (num_parts, PARTITION_SIZE))
-
-    k = partitions(_gather_tokens(key_tokens, ids, kind))
-    v = partitions(_gather_tokens(value_tokens, ids, kind))
-
-    # Token positions [1, S', C, 1, 512] and validity t < seq_len.
+    # Token positions [1, 1, C, 1, 512] and validity t < seq_len [S', 1, C, 1, 512].
     pos = torch.arange(t0, t1, device=q.device).view(1, 1, num_parts, 1, PARTITION_SIZE)
-    lens = seq_lens[s0:s1].view(1, seqs, 1, 1, 1)
-    valid = pos < lens  # [1, S', C, 1, 512]
+    lens = seq_lens[s0:s1].view(seqs, 1, 1, 1, 1)
+    valid = pos < lens
     # NOTE: zero V past seq_len (NaN-poisoned slots: p = 0 is not enough, 0 * NaN = NaN).
-    v = v.masked_fill(~valid.transpose(-1, -2), 0.0)  # [kvh, S', C, 512, d]
+    v = v.masked_fill_(~valid, 0.0)  # [S', kvh, C, d, 512]
 
-    # [kvh, S', 1, g, d] @ [kvh, S', C, d, 512] -> [kvh, S', C, g, 512]
-    logits = torch.matmul(q[:, s0:s1] * logit_scale, k.transpose(-1, -2))
+    # GQA by broadcasting: [S', kvh, 1, g, d] @ [S', kvh, C, d, 512] -> [S', kvh, C, g, 512]
+    logits = torch.matmul(q[s0:s1] * logit_scale, k.transpose(-1, -2))
     if slopes is not None:  # ALiBi: slope * (t - seq_len + 1), 0 at the last token
         logits = logits + slopes * (pos - lens + 1).float()
-    logits = logits.masked_fill(~valid, _NEG_INF)
+    logits = logits.masked_fill_(~valid, _NEG_INF)
 
-    part_max = logits.amax(dim=-1)  # [kvh, S', C, g]; -inf for an empty partition
+    part_max = logits.amax(dim=-1)  # [S', kvh, C, g]; -inf for an empty partition
     safe_max = torch.where(part_max == _NEG_INF, 0.0, part_max)  # exp(-inf - 0) = 0, never NaN
     p = torch.exp(logits - safe_max[..., None])
     part_sum = p.sum(dim=-1)
-    part_out = torch.matmul(p, v)  # [kvh, S', C, g, 512] @ [kvh, S', C, 512, d]
+    part_out = torch.matmul(p, v.transpose(-1, -2))  # [S', kvh, C, g, 512] @ [..., 512, d]
     if kind != "auto":
         part_out = part_out * v_scale
     return part_max, part_sum, part_out
 
 
 def _fold_partitions(part_max, part_sum, part_out):
-    """(max, sum, out) over dim 2 (partitions) of [kvh, S, C, g(, d)] states, -inf safe."""
+    """(max, sum, out) over dim 2 (partitions) of [S, kvh, C, g(, d)] states, -inf safe."""
     m = part_max.amax(dim=2, keepdim=True)
-    w = torch.where(m == _NEG_INF, 0.0, torch.exp(part_max - m))  # [kvh, S, C, g]
+    w = torch.where(m == _NEG_INF, 0.0, torch.exp(part_max - m))  # [S, kvh, C, g]
     return m.squeeze(2), (part_sum * w).sum(dim=2), (part_out * w[..., None]).sum(dim=2)
 
 
 def _to_heads(t):
-    """[kvh, S, C, g(, d)] -> [S, kvh * g, C(, d)] (query head h = kv_head * g + j)."""
-    t = t.transpose(0, 1).transpose(2, 3)  # [S, kvh, g, C(, d)]
-    return t.flatten(1, 2)
+    """[S, kvh, C, g(, d)] -> [S, kvh * g, C(, d)] (query head h = kv_head * g + j)."""
+    return t.transpose(2, 3).flatten(1, 2)
 
 
 def _bad_rows(block_tables, seq_lens, block_size, num_blocks, extent):
@@ -176,36 +246,33 @@ def _attention(op, out, exp_sums, max_logits, tmp_out, query, key_cache, value_c
     num_parts = -(-extent // PARTITION_SIZE) if num_blocks > 0 else 0
     dev = query.device
 
-    # Token-major views of the caches (no copy): [kvh, num_blocks, block_size, head_size(/x, x)].
-    key_tokens = key_cache.permute(1, 0, 3, 2, 4)
-    value_tokens = value_cache.permute(1, 0, 3, 2)
-    q = query.float().view(num_seqs, num_kv_heads, 1, group, head_size).transpose(0, 1)
+    q = query.float().view(num_seqs, num_kv_heads, 1, group, head_size)
     logit_scale = scale * _scale_value(k_scale, dev) if kind != "auto" else scale
     vs = _scale_value(v_scale, dev)
     slopes = None
     if alibi_slopes is not None:
-        slopes = alibi_slopes.float().view(num_kv_heads, 1, 1, group, 1)
+        slopes = alibi_slopes.float().view(1, num_kv_heads, 1, group, 1)
 
-    # Running state per sequence: [kvh, S, g], [kvh, S, g, d].
-    acc_max = torch.full((num_kv_heads, num_seqs, group), _NEG_INF, device=dev)
-    acc_sum = torch.zeros((num_kv_heads, num_seqs, group), device=dev)
-    acc_out = torch.zeros((num_kv_heads, num_seqs, group, head_size), device=dev)
+    # Running state per sequence: [S, kvh, g], [S, kvh, g, d].
+    acc_max = torch.full((num_seqs, num_kv_heads, group), _NEG_INF, device=dev)
+    acc_sum = torch.zeros((num_seqs, num_kv_heads, group), device=dev)
+    acc_out = torch.zeros((num_seqs, num_kv_heads, group, head_size), device=dev)
     row_partition = num_kv_heads * PARTITION_SIZE * head_size * 4
+    ws = _Workspace(dev)
     for s0, s1, p0, p1 in _chunk_plan(num_seqs, num_parts, row_partition):
-        pmax, psum, pout = _chunk_states(q, key_tokens, value_tokens, kind, logit_scale, vs,
-                                         block_tables, seq_lens, slopes, block_size, num_blocks,
+        pmax, psum, pout = _chunk_states(ws, q, key_cache, value_cache, kind, logit_scale, vs,
+                                         block_tables, seq_lens, slopes, block_size,
                                          s0, s1, p0, p1)
         if tmp_out is not None:  # v2 scratch: the partitions' stats and normalised outputs
             max_logits[s0:s1, :, p0:p1] = _to_heads(pmax)
             exp_sums[s0:s1, :, p0:p1] = _to_heads(psum)
             tmp_out[s0:s1, :, p0:p1] = _to_heads(pout * inv_sum(psum)[..., None])
         cmax, csum, cout = _fold_partitions(pmax, psum, pout)
-        m, s, fa, fb = merge_stats(acc_max[:, s0:s1], acc_sum[:, s0:s1], cmax, csum)
-        acc_max[:, s0:s1], acc_sum[:, s0:s1] = m, s
-        acc_out[:, s0:s1] = acc_out[:, s0:s1] * fa[..., None] + cout * fb[..., None]
+        m, s, fa, fb = merge_stats(acc_max[s0:s1], acc_sum[s0:s1], cmax, csum)
+        acc_max[s0:s1], acc_sum[s0:s1] = m, s
+        acc_out[s0:s1] = acc_out[s0:s1] * fa[..., None] + cout * fb[..., None]
 
-    result = (acc_out * inv_sum(acc_sum)[..., None]).transpose(0, 1).reshape(
-        num_seqs, num_heads, head_size)  # [S, H, d]
+    result = (acc_out * inv_sum(acc_sum)[..., None]).reshape(num_seqs, num_heads, head_size)
     bad = _bad_rows(block_tables, seq_lens, block_size, num_blocks, extent)
     out.copy_(torch.where(bad[:, None, None], float("nan"), result))
 
