@@ -2,9 +2,12 @@
 call of `torch.ops.paged_attn.*` (whichever backend is active for the tensors' device).
 
 A vLLM port whose `_custom_ops.paged_attention_v2` raises NotImplementedError (the hole the seed,
-`paged_attention_v2_pytorch`, filled) delegates in one line:
+`paged_attention_v2_pytorch`, filled) delegates in one statement:
 
-    from paged_attention_ext.vllm_compat import paged_attention_v1, paged_attention_v2, reshape_and_cache
+    from paged_attention_ext.vllm_compat import (paged_attention_v1, paged_attention_v2,
+                                                 reshape_and_cache)
+
+or, keeping the port's own function: `return paged_attention_v2_pytorch(out, exp_sum, ...)`.
 
 k_scale / v_scale may be Python floats (the seed) or 1-element float32 tensors (current vLLM);
 the ops pick the matching overload. Unlike the seed, the output is correct for every length

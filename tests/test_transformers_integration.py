@@ -20,7 +20,6 @@ The ops run on whichever backend is active for CPU (compiled kernel, else the Py
 """
 
 import copy
-import math
 
 import pytest
 import torch

@@ -1,5 +1,5 @@
-"""paged_attention_ext.vllm_compat: the seed's signature and vLLM's _custom_ops names, called exactly
-as the seed / vLLM call them, against the oracle (paged_attention_ext.reference)."""
+"""paged_attention_ext.vllm_compat: the seed's signature and vLLM's _custom_ops names, called
+exactly as the seed / vLLM call them, against the oracle (paged_attention_ext.reference)."""
 
 import inspect
 

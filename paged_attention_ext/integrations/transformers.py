@@ -3,7 +3,8 @@
 How it plugs in (transformers' own extension points; nothing in transformers is patched):
   - Importing this module registers the attention function "paged_attn" with
     `transformers.AttentionInterface`. A model loaded with `attn_implementation="paged_attn"`
-    (or switched with `model.set_attn_implementation("paged_attn")`) calls it in every layer.
+    (or switched with `model.set_attn_implementation("paged_attn")` in transformers versions
+    that have it) calls it in every layer.
   - The model runs with `use_cache=False`, so transformers keeps no cache of its own: the KV
     cache is a `PagedKVCache`. Each forward gets the step's metadata as the keyword argument
     `paged_step`, which transformers forwards untouched to the attention function.
@@ -28,12 +29,12 @@ from typing import Optional, Sequence
 import torch
 import transformers
 
-if not hasattr(transformers, "AttentionInterface"):  # added to transformers' API in 4.53-ish
+if not hasattr(transformers, "AttentionInterface"):  # absent in 4.50; 4.53 is the oldest tested
     raise ImportError(f"paged_attention_ext.integrations.transformers needs transformers>=4.53 "
                       f"(transformers.AttentionInterface); found {transformers.__version__}")
 
-from ..api import use_v1
-from .paged_kv_cache import PagedKVCache, StepMetadata
+from ..api import use_v1  # noqa: E402
+from .paged_kv_cache import PagedKVCache, StepMetadata  # noqa: E402
 
 ATTN_IMPLEMENTATION = "paged_attn"
 
@@ -158,7 +159,8 @@ class GreedyOutput:
 def _model_geometry(model):
     """(num_layers, num_kv_heads, head_size) of a decoder-only transformers model."""
     config = model.config.get_text_config()
-    head_size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    head_size = (getattr(config, "head_dim", None)
+                 or config.hidden_size // config.num_attention_heads)
     num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     return config.num_hidden_layers, num_kv_heads, head_size
 
