@@ -49,7 +49,8 @@ fi
 # Test and benchmark tools: installed only when missing.
 missing=()
 for mod_pkg in pytest:pytest hypothesis:hypothesis rich:rich matplotlib:matplotlib \
-               ninja:ninja numpy:numpy setuptools:setuptools wheel:wheel; do
+               ninja:ninja numpy:numpy setuptools:setuptools wheel:wheel \
+               "transformers:transformers>=4.53,<6"; do
   mod="${mod_pkg%%:*}"; pkg="${mod_pkg##*:}"
   "$PY" -c "import $mod" >/dev/null 2>&1 || missing+=("$pkg")
 done
