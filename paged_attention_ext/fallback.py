@@ -51,6 +51,12 @@ def _run_data_checks(device):
     return device.type == "cpu" and not torch.compiler.is_compiling()
 
 
+def _masked_fill(t, mask, value):
+    """In place on our own buffers in eager mode; out of place under torch.compile (an in-place
+    write through a strided view is what functionalization handles worst)."""
+    return t.masked_fill(mask, value) if torch.compiler.is_compiling() else t.masked_fill_(mask, value)
+
+
 # ---- chunk plan (shapes only) ----
 
 def _chunk_plan(num_seqs, num_partitions, bytes_per_row_partition):
@@ -189,13 +195,13 @@ def _chunk_states(ws, q, key_cache, value_cache, kind, logit_scale, v_scale, blo
     lens = seq_lens[s0:s1].view(seqs, 1, 1, 1, 1)
     valid = pos < lens
     # NOTE: zero V past seq_len (NaN-poisoned slots: p = 0 is not enough, 0 * NaN = NaN).
-    v = v.masked_fill_(~valid, 0.0)  # [S', kvh, C, d, 512]
+    v = _masked_fill(v, ~valid, 0.0)  # [S', kvh, C, d, 512]
 
     # GQA by broadcasting: [S', kvh, 1, g, d] @ [S', kvh, C, d, 512] -> [S', kvh, C, g, 512]
     logits = torch.matmul(q[s0:s1] * logit_scale, k.transpose(-1, -2))
     if slopes is not None:  # ALiBi: slope * (t - seq_len + 1), 0 at the last token
         logits = logits + slopes * (pos - lens + 1).float()
-    logits = logits.masked_fill_(~valid, _NEG_INF)
+    logits = _masked_fill(logits, ~valid, _NEG_INF)
 
     part_max = logits.amax(dim=-1)  # [S', kvh, C, g]; -inf for an empty partition
     safe_max = torch.where(part_max == _NEG_INF, 0.0, part_max)  # exp(-inf - 0) = 0, never NaN

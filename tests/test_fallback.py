@@ -1,0 +1,232 @@
+"""The sync-free PyTorch fallback (paged_attention_ext.fallback) against the oracle.
+
+Same inputs as the kernel tests (paged_attention_ext.testing): sharp softmax, shuffled block
+tables with garbage (-1, ids >= num_blocks) past each row's used blocks, NaN in every unused cache
+slot, outputs pre-filled with NaN, odd lengths around the 512-token partitions. The fallback
+walks static chunks of partitions / sequences: each case runs with the default chunking and with
+chunks forced to one partition of one sequence and to everything at once.
+
+Proof of sync-freedom: torch.compile(fullgraph=True) traces v1, v2 and reshape_and_cache on CPU
+(a .item(), .tolist(), data-dependent shape or branch on tensor data would break the graph), and
+a CUDA graph captures v2 and replays it with new lengths and tables (skipped without CUDA).
+"""
+
+import math
+
+import pytest
+import torch
+
+from paged_attention_ext import fallback, reference, testing
+from paged_attention_ext.validation import PARTITION_SIZE
+
+# 1 token, partition edges 511/512/513, 1537 (4 partitions, 1 token in the last), empty, odd.
+SEQ_LENS = [1, 511, 512, 513, 1537, 0, 37]
+
+# (query dtype, kv_cache_dtype, (heads, kv_heads, head_size, block_size), alibi): every dtype,
+# GQA groups 1/4/6/8 and MQA, block sizes 8/16/32 and 5 (not dividing 512), ALiBi on and off.
+CASES = [
+    (torch.float32, "auto", (4, 4, 64, 16), False),
+    (torch.float32, "auto", (8, 1, 64, 5), True),
+    (torch.float16, "auto", (8, 2, 64, 8), True),
+    (torch.bfloat16, "auto", (12, 2, 128, 32), False),
+    (torch.bfloat16, "auto", (16, 2, 80, 16), True),
+    (torch.float32, "fp8_e4m3", (16, 2, 64, 16), False),
+    (torch.bfloat16, "fp8", (6, 1, 64, 32), True),
+    (torch.float16, "fp8_e5m2", (8, 2, 64, 5), False),
+    (torch.bfloat16, "fp8_e5m2", (12, 2, 64, 8), True),
+]
+
+CHUNKINGS = {"default": None, "tiny": 1, "one_chunk": 1 << 40}  # CHUNK_BYTES
+
+
+def _case_id(case):
+    dtype, kv, (h, kvh, d, bs), alibi = case
+    return f"{str(dtype)[6:]}-{kv}-h{h}kv{kvh}d{d}bs{bs}" + ("-alibi" if alibi else "")
+
+
+@pytest.fixture(params=list(CHUNKINGS), ids=list(CHUNKINGS))
+def chunking(request, monkeypatch):
+    if CHUNKINGS[request.param] is not None:
+        monkeypatch.setattr(fallback, "CHUNK_BYTES", CHUNKINGS[request.param])
+    return request.param
+
+
+def _inputs(case, seed, seq_lens=SEQ_LENS, **kw):
+    dtype, kv, (h, kvh, d, bs), alibi = case
+    return testing.make_attention_inputs(len(seq_lens), h, kvh, d, bs, seq_lens, dtype=dtype,
+                                         kv_cache_dtype=kv, use_alibi=alibi, seed=seed, **kw)
+
+
+def _check(inputs, max_num_partitions=None):
+    """v2 (out + scratch of the partitions in use) and v1 vs the oracle, outputs NaN-filled."""
+    want = testing.call_v2(reference.paged_attention_v2, inputs,
+                           testing.alloc_v2_outputs(inputs, max_num_partitions))
+    got = testing.call_v2(fallback.paged_attention_v2, inputs,
+                          testing.alloc_v2_outputs(inputs, max_num_partitions))
+    testing.assert_v2_matches(got, want, inputs.seq_lens_list, inputs.dtype, inputs.kv_cache_dtype)
+    got_v1 = testing.call_v1(fallback.paged_attention_v1, inputs, testing.alloc_v1_outputs(inputs))
+    testing.assert_out_matches(got_v1, want.out, inputs.dtype, inputs.kv_cache_dtype, "v1 out")
+
+
+@pytest.mark.parametrize("index,case", list(enumerate(CASES)), ids=[_case_id(c) for c in CASES])
+def test_matches_oracle(index, case, chunking):
+    # Alternate a strided query (a slice of a NaN-filled qkv tensor) and 0-dim tensor scales.
+    _check(_inputs(case, seed=index, noncontig_query=index % 2 == 0,
+                   scale_as_tensor=index % 3 == 0))
+
+
+def test_scratch_larger_than_needed():
+    # tmp_out covers more tokens than the block table holds: the extra partitions are skipped.
+    case = (torch.float32, "auto", (8, 2, 64, 16), True)
+    _check(_inputs(case, seed=11, seq_lens=[700, 3, 1025]), max_num_partitions=7)
+
+
+@pytest.mark.parametrize("seq_lens", [[0, 0], [PARTITION_SIZE * 2]], ids=["all_empty", "full"])
+def test_edge_batches(seq_lens):
+    # All rows empty: zeros, never NaN. One row filling its table exactly (no garbage read).
+    case = (torch.bfloat16, "fp8_e4m3", (4, 2, 32, 16), True)
+    inputs = _inputs(case, seed=5, seq_lens=seq_lens)
+    _check(inputs)
+    if max(seq_lens) == 0:
+        out = testing.call_v1(fallback.paged_attention_v1, inputs, testing.alloc_v1_outputs(inputs))
+        assert torch.equal(out, torch.zeros_like(out))
+
+
+def test_bad_rows_raise_on_cpu():
+    # CPU tensors: the data checks run (the CPU contract), e.g. a used block id out of range.
+    inputs = _inputs((torch.float32, "auto", (4, 2, 32, 16), False), seed=3, seq_lens=[40, 20])
+    inputs.block_tables[1, 0] = inputs.num_blocks
+    with pytest.raises(ValueError, match=r"block_tables\[1, 0\] = \d+ is out of range"):
+        testing.call_v1(fallback.paged_attention_v1, inputs, testing.alloc_v1_outputs(inputs))
+
+
+def test_bad_rows_are_nan_without_checks(monkeypatch):
+    # Off the CPU nothing may sync, so a forbidden row is flagged in the data: its output is NaN
+    # (never a wild read), the other rows are right.
+    monkeypatch.setattr(fallback, "_run_data_checks", lambda device: False)
+    inputs = _inputs((torch.float32, "auto", (4, 2, 32, 16), False), seed=4,
+                     seq_lens=[40, 20, 33, 600])
+    want = testing.call_v1(reference.paged_attention_v1, inputs, testing.alloc_v1_outputs(inputs))
+    inputs.block_tables[1, 1] = -1  # a used id out of range
+    inputs.block_tables[2, 0] = inputs.num_blocks + 3
+    outs = testing.alloc_v2_outputs(inputs, max_num_partitions=1)  # too small for row 3
+    testing.call_v2(fallback.paged_attention_v2, inputs, outs)
+    assert outs.out[1:].isnan().all()
+    testing.assert_out_matches(outs.out[:1], want[:1], torch.float32)
+
+
+def test_chunk_plan_is_bounded_and_covers_everything():
+    for seqs, parts, per in [(8, 8, 2 << 20), (3, 200, 1 << 20), (64, 2, 4 << 20), (1, 1, 1)]:
+        plan = fallback._chunk_plan(seqs, parts, per)
+        covered = [(s, p) for s0, s1, p0, p1 in plan for s in range(s0, s1) for p in range(p0, p1)]
+        assert sorted(covered) == [(s, p) for s in range(seqs) for p in range(parts)]
+        for s0, s1, p0, p1 in plan:
+            assert (s1 - s0) * (p1 - p0) * per <= max(fallback.CHUNK_BYTES, per)
+
+
+# ---- reshape_and_cache ----
+
+@pytest.mark.parametrize("dtype,kv_cache_dtype,scale_as_tensor", [
+    (torch.float32, "auto", False), (torch.bfloat16, "auto", False),
+    (torch.float16, "fp8_e4m3", True), (torch.bfloat16, "fp8_e5m2", False)])
+@pytest.mark.parametrize("padding", ["some", "all"])
+def test_reshape_and_cache_matches_oracle(dtype, kv_cache_dtype, scale_as_tensor, padding):
+    inputs = _inputs((dtype, kv_cache_dtype, (4, 2, 64, 16), False), seed=7, seq_lens=[30, 17],
+                     scale_as_tensor=scale_as_tensor)
+    num_tokens = 13
+    gen = torch.Generator().manual_seed(1)
+    key = torch.randn(num_tokens, 2, 64, generator=gen).to(dtype) * 3
+    value = torch.randn(num_tokens, 2, 64, generator=gen).to(dtype) * 3
+    slots = torch.randperm(inputs.num_blocks * 16, generator=gen)[:num_tokens]
+    slots[::3] = -1  # padding tokens, including the first
+    if padding == "all":
+        slots[:] = -1
+    caches = {}
+    for name, fn in (("oracle", reference.reshape_and_cache), ("fallback", fallback.reshape_and_cache)):
+        kc, vc = inputs.key_cache.clone(), inputs.value_cache.clone()
+        fn(key, value, kc, vc, slots, kv_cache_dtype, inputs.k_scale, inputs.v_scale)
+        caches[name] = (kc, vc)
+    for want, got in zip(caches["oracle"], caches["fallback"]):  # bytes (NaN slots included)
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    if padding == "all":
+        assert torch.equal(caches["fallback"][0].view(torch.uint8),
+                           inputs.key_cache.view(torch.uint8))
+
+
+# ---- sync-freedom ----
+
+def test_compile_fullgraph_v1_v2():
+    """A graph break (host sync, data-dependent shape or branch) fails fullgraph=True."""
+    torch._dynamo.reset()
+    case = (torch.bfloat16, "fp8_e4m3", (8, 2, 64, 16), True)
+    inputs = _inputs(case, seed=9, seq_lens=[513, 0, 37], scale_as_tensor=True)
+    want = testing.call_v2(reference.paged_attention_v2, inputs, testing.alloc_v2_outputs(inputs))
+    v2 = torch.compile(fallback.paged_attention_v2, fullgraph=True, backend="aot_eager")
+    got = testing.call_v2(v2, inputs, testing.alloc_v2_outputs(inputs))
+    testing.assert_v2_matches(got, want, inputs.seq_lens_list, inputs.dtype, inputs.kv_cache_dtype)
+    v1 = torch.compile(fallback.paged_attention_v1, fullgraph=True, backend="aot_eager")
+    got_v1 = testing.call_v1(v1, inputs, testing.alloc_v1_outputs(inputs))
+    testing.assert_out_matches(got_v1, want.out, inputs.dtype, inputs.kv_cache_dtype)
+
+
+def test_compile_fullgraph_reshape_and_cache():
+    torch._dynamo.reset()
+    inputs = _inputs((torch.float32, "fp8_e5m2", (4, 2, 64, 16), False), seed=2,
+                     seq_lens=[20, 9], scale_as_tensor=True)
+    key, value = torch.randn(5, 2, 64), torch.randn(5, 2, 64)
+    slots = torch.tensor([3, -1, 40, 7, -1])
+    fn = torch.compile(fallback.reshape_and_cache, fullgraph=True, backend="aot_eager")
+    kc, vc = inputs.key_cache.clone(), inputs.value_cache.clone()
+    fn(key, value, kc, vc, slots, "fp8_e5m2", inputs.k_scale, inputs.v_scale)
+    kc_ref, vc_ref = inputs.key_cache.clone(), inputs.value_cache.clone()
+    reference.reshape_and_cache(key, value, kc_ref, vc_ref, slots, "fp8_e5m2", inputs.k_scale,
+                                inputs.v_scale)
+    assert torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref)
+
+
+@pytest.mark.slow
+def test_compile_inductor_v2():
+    """The full compiler stack (inductor code generation), not only tracing."""
+    torch._dynamo.reset()
+    case = (torch.float32, "auto", (8, 2, 64, 5), True)
+    inputs = _inputs(case, seed=10, seq_lens=[600, 1, 0])
+    want = testing.call_v2(reference.paged_attention_v2, inputs, testing.alloc_v2_outputs(inputs))
+    v2 = torch.compile(fallback.paged_attention_v2, fullgraph=True)
+    got = testing.call_v2(v2, inputs, testing.alloc_v2_outputs(inputs))
+    testing.assert_v2_matches(got, want, inputs.seq_lens_list, inputs.dtype, inputs.kv_cache_dtype)
+
+
+def _to_device(inputs, device):
+    fields = {f: getattr(inputs, f).to(device) for f in
+              ("query", "key_cache", "value_cache", "block_tables", "seq_lens")}
+    if inputs.alibi_slopes is not None:
+        fields["alibi_slopes"] = inputs.alibi_slopes.to(device)
+    return testing.AttentionInputs(**{**vars(inputs), **fields})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graph capture needs a CUDA device")
+def test_cuda_graph_capture_and_replay_with_new_lengths():
+    case = (torch.float16, "auto", (8, 2, 64, 16), True)
+    first = _inputs(case, seed=1, seq_lens=[700, 33, 1])
+    # Same pool size and table width (the lengths permuted), other tables: replay must follow.
+    second = _inputs(case, seed=2, seq_lens=[33, 1, 700])
+    assert first.block_tables.shape == second.block_tables.shape
+    static = _to_device(first, "cuda")
+    outs = testing.alloc_v2_outputs(static, max_num_partitions=3)
+    testing.call_v2(fallback.paged_attention_v2, static, outs)  # warm-up outside the graph
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        testing.call_v2(fallback.paged_attention_v2, static, outs)
+    for inputs in (first, second):
+        dev = _to_device(inputs, "cuda")
+        for name in ("query", "key_cache", "value_cache", "block_tables", "seq_lens"):
+            getattr(static, name).copy_(getattr(dev, name))
+        static.alibi_slopes.copy_(dev.alibi_slopes)
+        graph.replay()
+        torch.cuda.synchronize()
+        want = testing.call_v2(reference.paged_attention_v2, inputs,
+                               testing.alloc_v2_outputs(inputs, max_num_partitions=3))
+        got = testing.V2Outputs(*(t.cpu() for t in outs))
+        testing.assert_v2_matches(got, want, inputs.seq_lens_list, inputs.dtype,
+                                  inputs.kv_cache_dtype)
