@@ -5,7 +5,7 @@ from the compiled extension `_C` (CPU kernel, and CUDA kernels in a CUDA build) 
 otherwise from the pure-PyTorch implementation (same schemas, any device torch supports).
 """
 
-from . import reference
+from . import fallback, reference
 from ._registration import register as _register
 
 __version__ = "0.1.0"
@@ -29,7 +29,7 @@ def extension_loaded() -> bool:
 
 
 # The PyTorch implementation that serves devices with no compiled kernel.
-_register(extension_loaded(), reference)
+_register(extension_loaded(), fallback)
 
 from .api import PARTITION_SIZE, allocate_kv_cache, paged_attention, reshape_and_cache  # noqa: E402
 
