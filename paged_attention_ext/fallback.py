@@ -8,12 +8,14 @@ Algorithm (all sequences at once; no Python loop over sequences, no host sync):
      table's capacity), v1 the capacity max_blocks_per_seq * block_size. It is cut into chunks of
      whole 512-token partitions (and, for big batches, of sequences); a static Python loop walks
      them (shapes only, so torch.compile unrolls it and CUDA graphs capture it).
-  2. Per chunk, K and V are gathered ONCE through the block table straight into a matmul-ready
-     layout [kv_heads, seqs, tokens, head_size] (indexing a permuted view of the cache), block ids
-     clamped into [0, num_blocks) so garbage entries past a row's used blocks are never
-     dereferenced out of bounds; half / fp8 chunks are converted to fp32.
+  2. Per chunk, the chunk's blocks of K and V are read ONCE from the cache (index_select of whole
+     blocks: contiguous rows, the fastest gather) into reused buffers, block ids clamped into
+     [0, num_blocks) so garbage entries past a row's used blocks are never dereferenced out of
+     bounds; then one copy lays them out for the matmuls and converts to fp32: K token-major
+     [seqs, kv_heads, C, 512, d] (the (d/x, block) transpose moves 16-byte units), V
+     head-dim-major [seqs, kv_heads, C, d, 512] (its inner runs are whole block rows).
   3. logits = (scale * k_scale * q) . k as one batched matmul with the query viewed as
-     [kv_heads, seqs, 1, group, head_size] (GQA by broadcasting, K/V never expanded per query
+     [seqs, kv_heads, 1, group, head_size] (GQA by broadcasting, K/V never expanded per query
      head), + ALiBi; tokens >= seq_len get logit -inf AND their V rows are zeroed (masked_fill:
      NaN-poisoned slots must not leak, 0 * NaN = NaN).
   4. Per partition: max, exp sum, output (one batched matmul P.V); -inf-safe, so an empty
@@ -22,10 +24,13 @@ Algorithm (all sequences at once; no Python loop over sequences, no host sync):
      csrc/core/compound_state.h), and out = out_sum * inv_sum(sum), rounded once to the dtype.
 Everything is fp32.
 
-Memory bound: no fp32 copy of the KV cache. A chunk gathers at most CHUNK_BYTES (32 MiB) of fp32
-K and as much of V (a chunk is at least one partition of one sequence: kv_heads * 512 *
-head_size * 4 bytes, 1 MiB for 4 KV heads of 128). Peak extra memory is about 4 chunks
-(K and V gathered raw + fp32) plus logits and the outputs: ~130 MiB whatever the context length.
+Memory bound: no fp32 copy of the KV cache. A chunk covers at most CHUNK_BYTES (2 MiB) of fp32 K
+(and as much V), or one 512-token partition of one sequence if that is bigger (kv_heads * 512 *
+head_size * 4 bytes: 2 MiB for 8 KV heads of 128 or 4 of 256). Its buffers (K and V gathered raw,
+K transposed, K and V in fp32) are allocated once per call and reused by every chunk, so peak
+extra memory is about 5 chunks plus O(num_seqs * num_heads * head_size) for q, the running state
+and the result: ~10-30 MiB whatever the context length (docs/FALLBACK.md has measurements).
+Small chunks are also the fast choice on a CPU: each chunk's pipeline stays in cache.
 
 Rows the contract forbids (seq_len < 0 or beyond the block table's capacity, v2 scratch too small
 for the row, a used block id outside [0, num_blocks)) cannot be checked without a host sync on a

@@ -27,6 +27,7 @@ SHAPES = {
     "llama-fp32": (8, 32, 8, 128, 16, 4096, "float32"),
     "llama-bf16": (8, 32, 8, 128, 16, 4096, "bfloat16"),
     "qwen-100k-bf16": (1, 24, 4, 256, 16, 100_000, "bfloat16"),
+    "short-64x256-fp32": (64, 32, 8, 128, 16, 256, "float32"),
 }
 CONTENDERS = ["fallback-v2", "fallback-v1", "gather+sdpa", "oracle-v2"]
 REPS = {"oracle-v2": 3}  # timed calls per subprocess (default below)
