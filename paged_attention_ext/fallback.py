@@ -6,8 +6,9 @@ arguments, in vLLM's order, and same results as the oracle (reference.py), which
 Algorithm (all sequences at once; no Python loop over sequences, no host sync):
   1. The token extent is STATIC: v2 covers tmp_out.shape[2] * 512 tokens (capped at the block
      table's capacity), v1 the capacity max_blocks_per_seq * block_size. It is cut into chunks of
-     whole 512-token partitions (and, for big batches, of sequences); a static Python loop walks
-     them (shapes only, so torch.compile unrolls it and CUDA graphs capture it).
+     whole 512-token partitions (and, for big batches, of sequences; a last partial partition,
+     extent % 512 tokens, is a chunk of its own so nothing past the extent is read); a static
+     Python loop walks them (shapes only, so torch.compile unrolls it and CUDA graphs capture it).
   2. Per chunk, the chunk's blocks of K and V are read ONCE from the cache (index_select of whole
      blocks: contiguous rows, the fastest gather) into reused buffers, block ids clamped into
      [0, num_blocks) so garbage entries past a row's used blocks are never dereferenced out of
@@ -64,16 +65,27 @@ def _masked_fill(t, mask, value):
 
 # ---- chunk plan (shapes only) ----
 
-def _chunk_plan(num_seqs, num_partitions, bytes_per_row_partition):
-    """Static chunks [(s0, s1, p0, p1)] covering num_seqs x num_partitions, each gathering at most
-    CHUNK_BYTES of fp32 K (at least one partition of one sequence)."""
-    per_partition = num_seqs * bytes_per_row_partition
-    if per_partition <= CHUNK_BYTES:  # all sequences, several partitions per chunk
-        seqs, parts = num_seqs, max(1, CHUNK_BYTES // per_partition)
-    else:  # big batch: one partition, several sequences per chunk
-        seqs, parts = max(1, CHUNK_BYTES // bytes_per_row_partition), 1
-    return [(s0, min(s0 + seqs, num_seqs), p0, min(p0 + parts, num_partitions))
-            for s0 in range(0, num_seqs, seqs) for p0 in range(0, num_partitions, parts)]
+def _chunk_plan(num_seqs, extent, bytes_per_row_token):
+    """Static chunks [(s0, s1, p0, p1, part_len)] covering num_seqs rows x `extent` tokens.
+
+    Partitions hold 512 tokens except a last partial one (extent % 512 tokens: nothing past the
+    extent is gathered), which gets chunks of its own. A chunk gathers at most CHUNK_BYTES of fp32
+    K (bytes_per_row_token = kv_heads * head_size * 4 per token of one row), or one partition of
+    one row if that is bigger.
+    """
+    full, tail = divmod(extent, PARTITION_SIZE)
+    plan = []
+    for p_first, p_end, part_len in ((0, full, PARTITION_SIZE), (full, full + 1, tail)):
+        if p_end <= p_first or part_len == 0:
+            continue
+        row_part = part_len * bytes_per_row_token  # one partition of one row
+        if num_seqs * row_part <= CHUNK_BYTES:  # all rows, several partitions per chunk
+            seqs, parts = num_seqs, max(1, CHUNK_BYTES // (num_seqs * row_part))
+        else:  # big batch: one partition, several rows per chunk
+            seqs, parts = max(1, CHUNK_BYTES // row_part), 1
+        plan += [(s0, min(s0 + seqs, num_seqs), p0, min(p0 + parts, p_end), part_len)
+                 for s0 in range(0, num_seqs, seqs) for p0 in range(p_first, p_end, parts)]
+    return plan
 
 
 # ---- gather ----
@@ -172,37 +184,39 @@ def _chunk_block_ids(block_tables, s0, s1, b0, b1, num_blocks):
 # ---- one chunk: per-partition states ----
 
 def _chunk_states(ws, q, key_cache, value_cache, kind, logit_scale, v_scale, block_tables,
-                  seq_lens, slopes, block_size, s0, s1, p0, p1):
-    """Partition states of sequences [s0, s1), partitions [p0, p1).
+                  seq_lens, slopes, block_size, s0, s1, p0, p1, part_len):
+    """Partition states of sequences [s0, s1), partitions [p0, p1) of part_len tokens (512, or
+    fewer for a last partial partition, alone in its chunk).
 
     q [S, kvh, 1, group, d] fp32 (unscaled); slopes [1, kvh, 1, group, 1] fp32 or None.
     Returns max, sum [S', kvh, C, group] and out [S', kvh, C, group, d] (out UNnormalised).
     """
     num_parts = p1 - p0
-    t0, t1 = p0 * PARTITION_SIZE, p1 * PARTITION_SIZE  # the chunk's tokens
+    t0 = p0 * PARTITION_SIZE
+    t1 = t0 + num_parts * part_len  # the chunk's tokens
     b0, b1 = t0 // block_size, -(-t1 // block_size)  # blocks covering them
     offset = t0 - b0 * block_size  # first chunk token inside the gathered blocks
     ids = _chunk_block_ids(block_tables, s0, s1, b0, b1, key_cache.shape[0])
     seqs = s1 - s0
-    if offset == 0 and b1 - b0 == num_parts * (PARTITION_SIZE // block_size):
-        # block_size divides 512: gather straight into [S', kvh, C, 512, d] / [S', kvh, C, d, 512]
+    if offset == 0 and (b1 - b0) * block_size == num_parts * part_len:
+        # block_size divides 512: gather straight into [S', kvh, C, L, d] / [S', kvh, C, d, L]
         k = _gather_keys(ws, key_cache, ids, num_parts, kind)
         v = _gather_values(ws, value_cache, ids, num_parts, kind)
     else:  # other block sizes: cut the gathered tokens into partitions (matmul may copy)
-        span = slice(offset, offset + num_parts * PARTITION_SIZE)
+        span = slice(offset, offset + num_parts * part_len)
         k = _gather_keys(ws, key_cache, ids, 1, kind)[:, :, 0, span]
-        k = k.unflatten(2, (num_parts, PARTITION_SIZE))
+        k = k.unflatten(2, (num_parts, part_len))
         v = _gather_values(ws, value_cache, ids, 1, kind)[:, :, 0, :, span]
-        v = v.unflatten(3, (num_parts, PARTITION_SIZE)).transpose(2, 3)
+        v = v.unflatten(3, (num_parts, part_len)).transpose(2, 3)
 
-    # Token positions [1, 1, C, 1, 512] and validity t < seq_len [S', 1, C, 1, 512].
-    pos = torch.arange(t0, t1, device=q.device).view(1, 1, num_parts, 1, PARTITION_SIZE)
+    # Token positions [1, 1, C, 1, L] and validity t < seq_len [S', 1, C, 1, L] (L = part_len).
+    pos = torch.arange(t0, t1, device=q.device).view(1, 1, num_parts, 1, part_len)
     lens = seq_lens[s0:s1].view(seqs, 1, 1, 1, 1)
     valid = pos < lens
     # NOTE: zero V past seq_len (NaN-poisoned slots: p = 0 is not enough, 0 * NaN = NaN).
-    v = _masked_fill(v, ~valid, 0.0)  # [S', kvh, C, d, 512]
+    v = _masked_fill(v, ~valid, 0.0)  # [S', kvh, C, d, L]
 
-    # GQA by broadcasting: [S', kvh, 1, g, d] @ [S', kvh, C, d, 512] -> [S', kvh, C, g, 512]
+    # GQA by broadcasting: [S', kvh, 1, g, d] @ [S', kvh, C, d, L] -> [S', kvh, C, g, L]
     logits = torch.matmul(q[s0:s1] * logit_scale, k.transpose(-1, -2))
     if slopes is not None:  # ALiBi: slope * (t - seq_len + 1), 0 at the last token
         logits = logits + slopes * (pos - lens + 1).float()
@@ -212,7 +226,7 @@ def _chunk_states(ws, q, key_cache, value_cache, kind, logit_scale, v_scale, blo
     safe_max = torch.where(part_max == _NEG_INF, 0.0, part_max)  # exp(-inf - 0) = 0, never NaN
     p = torch.exp(logits - safe_max[..., None])
     part_sum = p.sum(dim=-1)
-    part_out = torch.matmul(p, v.transpose(-1, -2))  # [S', kvh, C, g, 512] @ [..., 512, d]
+    part_out = torch.matmul(p, v.transpose(-1, -2))  # [S', kvh, C, g, L] @ [..., L, d]
     if kind != "auto":
         part_out = part_out * v_scale
     return part_max, part_sum, part_out
@@ -254,7 +268,6 @@ def _attention(op, out, exp_sums, max_logits, tmp_out, query, key_cache, value_c
     num_blocks = key_cache.shape[0]
     capacity = block_tables.shape[1] * block_size
     extent = capacity if tmp_out is None else min(capacity, tmp_out.shape[2] * PARTITION_SIZE)
-    num_parts = -(-extent // PARTITION_SIZE) if num_blocks > 0 else 0
     dev = query.device
 
     q = query.float().view(num_seqs, num_kv_heads, 1, group, head_size)
@@ -268,12 +281,13 @@ def _attention(op, out, exp_sums, max_logits, tmp_out, query, key_cache, value_c
     acc_max = torch.full((num_seqs, num_kv_heads, group), _NEG_INF, device=dev)
     acc_sum = torch.zeros((num_seqs, num_kv_heads, group), device=dev)
     acc_out = torch.zeros((num_seqs, num_kv_heads, group, head_size), device=dev)
-    row_partition = num_kv_heads * PARTITION_SIZE * head_size * 4
     ws = _Workspace(dev)
-    for s0, s1, p0, p1 in _chunk_plan(num_seqs, num_parts, row_partition):
+    row_token = num_kv_heads * head_size * 4  # fp32 K bytes of one token of one row
+    plan = _chunk_plan(num_seqs, extent, row_token) if num_blocks > 0 else []
+    for s0, s1, p0, p1, part_len in plan:
         pmax, psum, pout = _chunk_states(ws, q, key_cache, value_cache, kind, logit_scale, vs,
                                          block_tables, seq_lens, slopes, block_size,
-                                         s0, s1, p0, p1)
+                                         s0, s1, p0, p1, part_len)
         if tmp_out is not None:  # v2 scratch: the partitions' stats and normalised outputs
             max_logits[s0:s1, :, p0:p1] = _to_heads(pmax)
             exp_sums[s0:s1, :, p0:p1] = _to_heads(psum)

@@ -116,12 +116,20 @@ def test_bad_rows_are_nan_without_checks(monkeypatch):
 
 
 def test_chunk_plan_is_bounded_and_covers_everything():
-    for seqs, parts, per in [(8, 8, 2 << 20), (3, 200, 1 << 20), (64, 2, 4 << 20), (1, 1, 1)]:
-        plan = fallback._chunk_plan(seqs, parts, per)
-        covered = [(s, p) for s0, s1, p0, p1 in plan for s in range(s0, s1) for p in range(p0, p1)]
-        assert sorted(covered) == [(s, p) for s in range(seqs) for p in range(parts)]
-        for s0, s1, p0, p1 in plan:
-            assert (s1 - s0) * (p1 - p0) * per <= max(fallback.CHUNK_BYTES, per)
+    # (rows, extent in tokens, fp32 K bytes per row-token): every (row, partition) once, partitions
+    # of 512 tokens but a partial last one, no chunk over the budget unless it is one partition.
+    for seqs, extent, per_token in [(8, 4096, 4096), (3, 100_000, 2048), (64, 288, 4096),
+                                    (5, 1100, 8192), (1, 1, 1)]:
+        plan = fallback._chunk_plan(seqs, extent, per_token)
+        covered = [(s, p, part_len) for s0, s1, p0, p1, part_len in plan
+                   for s in range(s0, s1) for p in range(p0, p1)]
+        num_parts = math.ceil(extent / PARTITION_SIZE)
+        want = [(s, p, min(PARTITION_SIZE, extent - p * PARTITION_SIZE))
+                for s in range(seqs) for p in range(num_parts)]
+        assert sorted(covered) == sorted(want)
+        for s0, s1, p0, p1, part_len in plan:
+            chunk = (s1 - s0) * (p1 - p0) * part_len * per_token
+            assert chunk <= max(fallback.CHUNK_BYTES, part_len * per_token)
 
 
 # ---- reshape_and_cache ----
