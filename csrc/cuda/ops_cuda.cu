@@ -2,6 +2,8 @@
 // CUDA-only checks, stream / device guard, dispatch onto launch.h, and the registration
 // TORCH_LIBRARY_IMPL(paged_attn, CUDA, m) of both overloads of v1, v2 and reshape_and_cache.
 //
+// NOTE: outputs are `const at::Tensor&` (the tensor handle is const, its data is written), the
+// same C++ signature as the CPU kernels: the dispatcher requires one signature per op.
 // NOTE: graph-safe. Nothing here reads tensor data on the host (no data checks, no .item(), no
 // sync); launch grids come from shapes only (v2: tmp_out.size(2)), never from seq_lens or
 // max_seq_len. Bad data (block ids, lengths) is the kernels' business: they never read out of
@@ -78,8 +80,9 @@ void launch_reduce(const PagedAttentionParams& p, cudaStream_t stream) {
 }
 
 // v1 (exp_sums == nullptr) or v2.
-void attention(const char* op, at::Tensor& out, at::Tensor* exp_sums, at::Tensor* max_logits,
-               at::Tensor* tmp_out, const at::Tensor& query, const at::Tensor& key_cache,
+void attention(const char* op, const at::Tensor& out, const at::Tensor* exp_sums,
+               const at::Tensor* max_logits, const at::Tensor* tmp_out, const at::Tensor& query,
+               const at::Tensor& key_cache,
                const at::Tensor& value_cache, int64_t num_kv_heads, double scale,
                const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t block_size,
                int64_t max_seq_len, const std::optional<at::Tensor>& alibi_slopes,
@@ -102,7 +105,7 @@ void attention(const char* op, at::Tensor& out, at::Tensor* exp_sums, at::Tensor
   }
 }
 
-void v1_float(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
+void v1_float(const at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
               const at::Tensor& value_cache, int64_t num_kv_heads, double scale,
               const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t block_size,
               int64_t max_seq_len, const std::optional<at::Tensor>& alibi_slopes,
@@ -116,7 +119,7 @@ void v1_float(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_ca
                             blocksparse_block_size, blocksparse_head_sliding_step});
 }
 
-void v1_tensor(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
+void v1_tensor(const at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                const at::Tensor& value_cache, int64_t num_kv_heads, double scale,
                const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t block_size,
                int64_t max_seq_len, const std::optional<at::Tensor>& alibi_slopes,
@@ -131,7 +134,8 @@ void v1_tensor(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_c
                             blocksparse_block_size, blocksparse_head_sliding_step});
 }
 
-void v2_float(at::Tensor& out, at::Tensor& exp_sums, at::Tensor& max_logits, at::Tensor& tmp_out,
+void v2_float(const at::Tensor& out, const at::Tensor& exp_sums, const at::Tensor& max_logits,
+              const at::Tensor& tmp_out,
               const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
               int64_t num_kv_heads, double scale, const at::Tensor& block_tables,
               const at::Tensor& seq_lens, int64_t block_size, int64_t max_seq_len,
@@ -146,8 +150,8 @@ void v2_float(at::Tensor& out, at::Tensor& exp_sums, at::Tensor& max_logits, at:
                             blocksparse_block_size, blocksparse_head_sliding_step});
 }
 
-void v2_tensor(at::Tensor& out, at::Tensor& exp_sums, at::Tensor& max_logits,
-               at::Tensor& tmp_out, const at::Tensor& query, const at::Tensor& key_cache,
+void v2_tensor(const at::Tensor& out, const at::Tensor& exp_sums,
+               const at::Tensor& max_logits, const at::Tensor& tmp_out, const at::Tensor& query, const at::Tensor& key_cache,
                const at::Tensor& value_cache, int64_t num_kv_heads, double scale,
                const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t block_size,
                int64_t max_seq_len, const std::optional<at::Tensor>& alibi_slopes,
@@ -162,8 +166,8 @@ void v2_tensor(at::Tensor& out, at::Tensor& exp_sums, at::Tensor& max_logits,
                             blocksparse_block_size, blocksparse_head_sliding_step});
 }
 
-void cache_impl(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,
-                at::Tensor& value_cache, const at::Tensor& slot_mapping,
+void cache_impl(const at::Tensor& key, const at::Tensor& value, const at::Tensor& key_cache,
+                const at::Tensor& value_cache, const at::Tensor& slot_mapping,
                 const std::string& kv_cache_dtype, ScaleArg k_scale, ScaleArg v_scale) {
   const c10::cuda::CUDAGuard device_guard(key.device());
   const ReshapeAndCacheParams p =
@@ -176,15 +180,15 @@ void cache_impl(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-void cache_float(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,
-                 at::Tensor& value_cache, const at::Tensor& slot_mapping,
+void cache_float(const at::Tensor& key, const at::Tensor& value, const at::Tensor& key_cache,
+                 const at::Tensor& value_cache, const at::Tensor& slot_mapping,
                  const std::string& kv_cache_dtype, double k_scale, double v_scale) {
   cache_impl(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
              ScaleArg{nullptr, k_scale}, ScaleArg{nullptr, v_scale});
 }
 
-void cache_tensor(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,
-                  at::Tensor& value_cache, const at::Tensor& slot_mapping,
+void cache_tensor(const at::Tensor& key, const at::Tensor& value, const at::Tensor& key_cache,
+                  const at::Tensor& value_cache, const at::Tensor& slot_mapping,
                   const std::string& kv_cache_dtype, const at::Tensor& k_scale,
                   const at::Tensor& v_scale) {
   cache_impl(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
