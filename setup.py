@@ -77,7 +77,8 @@ def extension():
         py_limited_api=True,
     )
     if want_cuda():
-        nvcc_flags = opt + ["-lineinfo", "--expt-relaxed-constexpr"]
+        # nvcc has no -g0 (host debug info is off by default there).
+        nvcc_flags = [f for f in opt if f != "-g0"] + ["-lineinfo", "--expt-relaxed-constexpr"]
         if os.environ.get("PAGED_ATTN_PTXAS_VERBOSE") == "1":
             nvcc_flags.append("-Xptxas=-v")
         return cpp_extension.CUDAExtension(
