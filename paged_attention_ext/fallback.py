@@ -104,13 +104,15 @@ class _Workspace:
         self.flat = {}
 
     def empty(self, name, shape, dtype):
+        """A [shape] dtype tensor in buffer `name` (bytes, grown on demand: K and V of a chunk
+        take turns in the same buffers, so the chunk's working set stays small)."""
         if not self.reuse:
             return torch.empty(shape, dtype=dtype, device=self.device)
-        numel = math.prod(shape)
+        nbytes = math.prod(shape) * dtype.itemsize
         buf = self.flat.get(name)
-        if buf is None or buf.dtype != dtype or buf.numel() < numel:
-            buf = self.flat[name] = torch.empty(numel, dtype=dtype, device=self.device)
-        return buf[:numel].view(shape)
+        if buf is None or buf.numel() < nbytes:
+            buf = self.flat[name] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        return buf[:nbytes].view(dtype).view(shape)
 
 
 def _gather_blocks(ws, name, cache, block_ids):
@@ -142,11 +144,11 @@ def _gather_keys(ws, key_cache, block_ids, groups, kind):
     """
     seqs, nb = block_ids.shape
     _, kvh, dx, block_size, x = key_cache.shape
-    g = _gather_blocks(ws, "k_blocks", key_cache, block_ids)  # [S' * nb, kvh, d/x, bs, x]
+    g = _gather_blocks(ws, "blocks", key_cache, block_ids)  # [S' * nb, kvh, d/x, bs, x]
     shape = (seqs, kvh, groups, nb // groups, block_size, dx)
     if ws.reuse:
         g = g.view(torch.complex128).view(seqs, groups, nb // groups, kvh, dx, block_size)
-        t = ws.empty("k_tokens", shape, torch.complex128).copy_(g.permute(0, 3, 1, 2, 5, 4))
+        t = ws.empty("tokens", shape, torch.complex128).copy_(g.permute(0, 3, 1, 2, 5, 4))
         t = t.view(key_cache.dtype)  # [S', kvh, G, nb/G, bs, d/x * x] in the cache dtype
     else:  # compiling: inductor fuses the permutation (and has no complex codegen)
         g = g.view(seqs, groups, nb // groups, kvh, dx, block_size, x)
@@ -162,11 +164,11 @@ def _gather_values(ws, value_cache, block_ids, groups, kind):
     its inner runs are whole block rows)."""
     seqs, nb = block_ids.shape
     _, kvh, head_size, block_size = value_cache.shape
-    g = _gather_blocks(ws, "v_blocks", value_cache, block_ids)  # [S' * nb, kvh, d, bs]
+    g = _gather_blocks(ws, "blocks", value_cache, block_ids)  # [S' * nb, kvh, d, bs]
     if kind != "auto":
         g = g.view(validation.FP8_DTYPES[kind])
     g = g.view(seqs, groups, nb // groups, kvh, head_size, block_size)
-    t = ws.empty("v_tokens", (seqs, kvh, groups, head_size, nb // groups, block_size),
+    t = ws.empty("tokens", (seqs, kvh, groups, head_size, nb // groups, block_size),
                  torch.float32).copy_(g.permute(0, 3, 1, 4, 2, 5))
     return t.view(seqs, kvh, groups, head_size, nb // groups * block_size)
 
@@ -198,24 +200,22 @@ def _chunk_states(ws, q, key_cache, value_cache, kind, logit_scale, v_scale, blo
     offset = t0 - b0 * block_size  # first chunk token inside the gathered blocks
     ids = _chunk_block_ids(block_tables, s0, s1, b0, b1, key_cache.shape[0])
     seqs = s1 - s0
-    if offset == 0 and (b1 - b0) * block_size == num_parts * part_len:
-        # block_size divides 512: gather straight into [S', kvh, C, L, d] / [S', kvh, C, d, L]
-        k = _gather_keys(ws, key_cache, ids, num_parts, kind)
-        v = _gather_values(ws, value_cache, ids, num_parts, kind)
-    else:  # other block sizes: cut the gathered tokens into partitions (matmul may copy)
-        span = slice(offset, offset + num_parts * part_len)
-        k = _gather_keys(ws, key_cache, ids, 1, kind)[:, :, 0, span]
-        k = k.unflatten(2, (num_parts, part_len))
-        v = _gather_values(ws, value_cache, ids, 1, kind)[:, :, 0, :, span]
-        v = v.unflatten(3, (num_parts, part_len)).transpose(2, 3)
+    # block_size divides 512: gathered straight into [S', kvh, C, L, d] / [S', kvh, C, d, L];
+    # other block sizes: the gathered tokens are cut into partitions (matmul may copy).
+    aligned = offset == 0 and (b1 - b0) * block_size == num_parts * part_len
+    span = slice(offset, offset + num_parts * part_len)
 
     # Token positions [1, 1, C, 1, L] and validity t < seq_len [S', 1, C, 1, L] (L = part_len).
     pos = torch.arange(t0, t1, device=q.device).view(1, 1, num_parts, 1, part_len)
     lens = seq_lens[s0:s1].view(seqs, 1, 1, 1, 1)
     valid = pos < lens
-    # NOTE: zero V past seq_len (NaN-poisoned slots: p = 0 is not enough, 0 * NaN = NaN).
-    v = _masked_fill(v, ~valid, 0.0)  # [S', kvh, C, d, L]
 
+    # Keys first, then values: they take turns in the workspace buffers.
+    if aligned:
+        k = _gather_keys(ws, key_cache, ids, num_parts, kind)
+    else:
+        k = _gather_keys(ws, key_cache, ids, 1, kind)[:, :, 0, span]
+        k = k.unflatten(2, (num_parts, part_len))
     # GQA by broadcasting: [S', kvh, 1, g, d] @ [S', kvh, C, d, L] -> [S', kvh, C, g, L]
     logits = torch.matmul(q[s0:s1] * logit_scale, k.transpose(-1, -2))
     if slopes is not None:  # ALiBi: slope * (t - seq_len + 1), 0 at the last token
@@ -226,6 +226,14 @@ def _chunk_states(ws, q, key_cache, value_cache, kind, logit_scale, v_scale, blo
     safe_max = torch.where(part_max == _NEG_INF, 0.0, part_max)  # exp(-inf - 0) = 0, never NaN
     p = torch.exp(logits - safe_max[..., None])
     part_sum = p.sum(dim=-1)
+
+    if aligned:
+        v = _gather_values(ws, value_cache, ids, num_parts, kind)
+    else:
+        v = _gather_values(ws, value_cache, ids, 1, kind)[:, :, 0, :, span]
+        v = v.unflatten(3, (num_parts, part_len)).transpose(2, 3)
+    # NOTE: zero V past seq_len (NaN-poisoned slots: p = 0 is not enough, 0 * NaN = NaN).
+    v = _masked_fill(v, ~valid, 0.0)  # [S', kvh, C, d, L]
     part_out = torch.matmul(p, v.transpose(-1, -2))  # [S', kvh, C, g, L] @ [..., L, d]
     if kind != "auto":
         part_out = part_out * v_scale
