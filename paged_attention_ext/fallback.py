@@ -19,10 +19,11 @@ Algorithm (all sequences at once; no Python loop over sequences, no host sync):
      [seqs, kv_heads, 1, group, head_size] (GQA by broadcasting, K/V never expanded per query
      head), + ALiBi; tokens >= seq_len get logit -inf AND their V rows are zeroed (masked_fill:
      NaN-poisoned slots must not leak, 0 * NaN = NaN).
-  4. Per partition: max, exp sum, output (one batched matmul P.V); -inf-safe, so an empty
-     partition or seq_len 0 gives zeros, never NaN. v2 writes them (normalised) to the scratch;
-     both fold them into a running (max, sum, out) state with reference.merge_stats (the mirror of
-     csrc/core/compound_state.h), and out = out_sum * inv_sum(sum), rounded once to the dtype.
+  4. Per partition: max, exp sum, output (one batched matmul P.V), normalised by its exp sum;
+     -inf-safe, so an empty partition or seq_len 0 gives zeros, never NaN. Once a group of rows
+     has all its partitions, v2 writes them to the scratch, and both v1 and v2 combine them with
+     reference.partition_weights (the mirror of csrc/core/compound_state.h); out is rounded once
+     to the dtype.
 Everything is fp32.
 
 Memory bound: no fp32 copy of the KV cache. A chunk covers at most CHUNK_BYTES (2 MiB) of fp32 K
@@ -45,7 +46,7 @@ import math
 import torch
 
 from . import validation
-from .reference import _scale_value, encode_cache, inv_sum, merge_stats
+from .reference import _scale_value, encode_cache, inv_sum, partition_weights
 from .validation import PARTITION_SIZE
 
 CHUNK_BYTES = 2 << 20  # fp32 K (and V) gathered per chunk, at most (unless one row-partition is bigger)
@@ -66,26 +67,24 @@ def _masked_fill(t, mask, value):
 # ---- chunk plan (shapes only) ----
 
 def _chunk_plan(num_seqs, extent, bytes_per_row_token):
-    """Static chunks [(s0, s1, p0, p1, part_len)] covering num_seqs rows x `extent` tokens.
+    """Static plan [(s0, s1, [(p0, p1, part_len), ...])]: groups of rows, and for each the chunks
+    of partitions covering `extent` tokens.
 
     Partitions hold 512 tokens except a last partial one (extent % 512 tokens: nothing past the
-    extent is gathered), which gets chunks of its own. A chunk gathers at most CHUNK_BYTES of fp32
+    extent is gathered), which is a chunk of its own. A chunk gathers at most CHUNK_BYTES of fp32
     K (bytes_per_row_token = kv_heads * head_size * 4 per token of one row), or one partition of
     one row if that is bigger.
     """
     full, tail = divmod(extent, PARTITION_SIZE)
-    plan = []
-    for p_first, p_end, part_len in ((0, full, PARTITION_SIZE), (full, full + 1, tail)):
-        if p_end <= p_first or part_len == 0:
-            continue
-        row_part = part_len * bytes_per_row_token  # one partition of one row
-        if num_seqs * row_part <= CHUNK_BYTES:  # all rows, several partitions per chunk
-            seqs, parts = num_seqs, max(1, CHUNK_BYTES // (num_seqs * row_part))
-        else:  # big batch: one partition, several rows per chunk
-            seqs, parts = max(1, CHUNK_BYTES // row_part), 1
-        plan += [(s0, min(s0 + seqs, num_seqs), p0, min(p0 + parts, p_end), part_len)
-                 for s0 in range(0, num_seqs, seqs) for p0 in range(p_first, p_end, parts)]
-    return plan
+    row_part = (PARTITION_SIZE if full else tail) * bytes_per_row_token  # one row, one partition
+    if num_seqs * row_part <= CHUNK_BYTES:  # all rows, several partitions per chunk
+        seqs, parts = num_seqs, max(1, CHUNK_BYTES // (num_seqs * row_part))
+    else:  # big batch: groups of rows, one partition per chunk
+        seqs, parts = max(1, CHUNK_BYTES // row_part), 1
+    spans = [(p0, min(p0 + parts, full), PARTITION_SIZE) for p0 in range(0, full, parts)]
+    if tail:
+        spans.append((full, full + 1, tail))
+    return [(s0, min(s0 + seqs, num_seqs), spans) for s0 in range(0, num_seqs, seqs)]
 
 
 # ---- gather ----
@@ -240,13 +239,6 @@ def _chunk_states(ws, q, key_cache, value_cache, kind, logit_scale, v_scale, blo
     return part_max, part_sum, part_out
 
 
-def _fold_partitions(part_max, part_sum, part_out):
-    """(max, sum, out) over dim 2 (partitions) of [S, kvh, C, g(, d)] states, -inf safe."""
-    m = part_max.amax(dim=2, keepdim=True)
-    w = torch.where(m == _NEG_INF, 0.0, torch.exp(part_max - m))  # [S, kvh, C, g]
-    return m.squeeze(2), (part_sum * w).sum(dim=2), (part_out * w[..., None]).sum(dim=2)
-
-
 def _to_heads(t):
     """[S, kvh, C, g(, d)] -> [S, kvh * g, C(, d)] (query head h = kv_head * g + j)."""
     return t.transpose(2, 3).flatten(1, 2)
@@ -285,27 +277,27 @@ def _attention(op, out, exp_sums, max_logits, tmp_out, query, key_cache, value_c
     if alibi_slopes is not None:
         slopes = alibi_slopes.float().view(1, num_kv_heads, 1, group, 1)
 
-    # Running state per sequence: [S, kvh, g], [S, kvh, g, d].
-    acc_max = torch.full((num_seqs, num_kv_heads, group), _NEG_INF, device=dev)
-    acc_sum = torch.zeros((num_seqs, num_kv_heads, group), device=dev)
-    acc_out = torch.zeros((num_seqs, num_kv_heads, group, head_size), device=dev)
+    result = torch.zeros((num_seqs, num_heads, head_size), device=dev)  # fp32
     ws = _Workspace(dev)
     row_token = num_kv_heads * head_size * 4  # fp32 K bytes of one token of one row
-    plan = _chunk_plan(num_seqs, extent, row_token) if num_blocks > 0 else []
-    for s0, s1, p0, p1, part_len in plan:
-        pmax, psum, pout = _chunk_states(ws, q, key_cache, value_cache, kind, logit_scale, vs,
-                                         block_tables, seq_lens, slopes, block_size,
-                                         s0, s1, p0, p1, part_len)
+    plan = _chunk_plan(num_seqs, extent, row_token) if num_blocks > 0 and extent > 0 else []
+    for s0, s1, spans in plan:
+        states = [_chunk_states(ws, q, key_cache, value_cache, kind, logit_scale, vs,
+                                block_tables, seq_lens, slopes, block_size, s0, s1, p0, p1,
+                                part_len) for p0, p1, part_len in spans]
+        # All partitions of these rows: max, sum [S', kvh, P, g]; out [S', kvh, P, g, d].
+        part_max, part_sum, part_out = (torch.cat(t, dim=2) for t in zip(*states))
+        part_out = part_out * inv_sum(part_sum)[..., None]  # normalised by its own exp sum
         if tmp_out is not None:  # v2 scratch: the partitions' stats and normalised outputs
-            max_logits[s0:s1, :, p0:p1] = _to_heads(pmax)
-            exp_sums[s0:s1, :, p0:p1] = _to_heads(psum)
-            tmp_out[s0:s1, :, p0:p1] = _to_heads(pout * inv_sum(psum)[..., None])
-        cmax, csum, cout = _fold_partitions(pmax, psum, pout)
-        m, s, fa, fb = merge_stats(acc_max[s0:s1], acc_sum[s0:s1], cmax, csum)
-        acc_max[s0:s1], acc_sum[s0:s1] = m, s
-        acc_out[s0:s1] = acc_out[s0:s1] * fa[..., None] + cout * fb[..., None]
+            num_parts = part_max.shape[2]
+            max_logits[s0:s1, :, :num_parts] = _to_heads(part_max)
+            exp_sums[s0:s1, :, :num_parts] = _to_heads(part_sum)
+            tmp_out[s0:s1, :, :num_parts] = _to_heads(part_out)
+        # Phase 2 (compound_state.h partition_weights: -inf safe, all-empty rows give zeros).
+        w = partition_weights(part_max.transpose(2, 3), part_sum.transpose(2, 3))  # [S',kvh,g,P]
+        rows = torch.einsum("skgp,skpgd->skgd", w, part_out)
+        result[s0:s1] = rows.reshape(s1 - s0, num_heads, head_size)
 
-    result = (acc_out * inv_sum(acc_sum)[..., None]).reshape(num_seqs, num_heads, head_size)
     bad = _bad_rows(block_tables, seq_lens, block_size, num_blocks, extent)
     out.copy_(torch.where(bad[:, None, None], float("nan"), result))
 

@@ -121,15 +121,16 @@ def test_chunk_plan_is_bounded_and_covers_everything():
     for seqs, extent, per_token in [(8, 4096, 4096), (3, 100_000, 2048), (64, 288, 4096),
                                     (5, 1100, 8192), (1, 1, 1)]:
         plan = fallback._chunk_plan(seqs, extent, per_token)
-        covered = [(s, p, part_len) for s0, s1, p0, p1, part_len in plan
+        covered = [(s, p, part_len) for s0, s1, spans in plan for p0, p1, part_len in spans
                    for s in range(s0, s1) for p in range(p0, p1)]
         num_parts = math.ceil(extent / PARTITION_SIZE)
         want = [(s, p, min(PARTITION_SIZE, extent - p * PARTITION_SIZE))
                 for s in range(seqs) for p in range(num_parts)]
         assert sorted(covered) == sorted(want)
-        for s0, s1, p0, p1, part_len in plan:
-            chunk = (s1 - s0) * (p1 - p0) * part_len * per_token
-            assert chunk <= max(fallback.CHUNK_BYTES, part_len * per_token)
+        for s0, s1, spans in plan:
+            for p0, p1, part_len in spans:
+                chunk = (s1 - s0) * (p1 - p0) * part_len * per_token
+                assert chunk <= max(fallback.CHUNK_BYTES, PARTITION_SIZE * per_token)
 
 
 # ---- reshape_and_cache ----
