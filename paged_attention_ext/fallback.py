@@ -49,7 +49,8 @@ from . import validation
 from .reference import _scale_value, encode_cache, inv_sum, partition_weights
 from .validation import PARTITION_SIZE
 
-CHUNK_BYTES = 2 << 20  # fp32 K (and V) gathered per chunk, at most (unless one row-partition is bigger)
+# fp32 K (and as much V) gathered per chunk, at most (unless one partition of one row is bigger).
+CHUNK_BYTES = 2 << 20
 _NEG_INF = float("-inf")
 
 
@@ -61,7 +62,9 @@ def _run_data_checks(device):
 def _masked_fill(t, mask, value):
     """In place on our own buffers in eager mode; out of place under torch.compile (an in-place
     write through a strided view is what functionalization handles worst)."""
-    return t.masked_fill(mask, value) if torch.compiler.is_compiling() else t.masked_fill_(mask, value)
+    if torch.compiler.is_compiling():
+        return t.masked_fill(mask, value)
+    return t.masked_fill_(mask, value)
 
 
 # ---- chunk plan (shapes only) ----

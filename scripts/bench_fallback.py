@@ -57,10 +57,9 @@ def _status_bytes(key):
 def _gather_sdpa(inp):
     """What a PyTorch user without a paged kernel writes: gather every sequence's K/V dense
     ([B, kv_heads, ctx, d]) through the block tables, then SDPA (all rows are ctx long)."""
-    import torch
     import torch.nn.functional as F
 
-    b, h, d, ctx = inp.num_seqs, inp.num_heads, inp.head_size, inp.max_seq_len
+    b, d, ctx = inp.num_seqs, inp.head_size, inp.max_seq_len
     tables = inp.block_tables[:, :-(-ctx // inp.block_size)].long()  # used blocks only
     k = inp.key_cache[tables]  # [B, nb, kvh, d/x, bs, x]
     k = k.permute(0, 2, 1, 4, 3, 5).reshape(b, inp.num_kv_heads, -1, d)[:, :, :ctx]
@@ -148,7 +147,8 @@ def main():
             ms = statistics.median(row[c]["ms"] for row in rs)
             ratio = ""
             if "fallback-v2" in args.contenders:
-                ratio = f"{statistics.median(row[c]['ms'] / row['fallback-v2']['ms'] for row in rs):.2f}"
+                r = statistics.median(row[c]["ms"] / row["fallback-v2"]["ms"] for row in rs)
+                ratio = f"{r:.2f}"
             mem = max(row[c]["peak_extra_mib"] or 0 for row in rs)
             print(f"| {shape} | {c} | {ms:.1f} | {ratio} | {mem:.0f} |")
     if args.json:

@@ -151,7 +151,8 @@ def test_reshape_and_cache_matches_oracle(dtype, kv_cache_dtype, scale_as_tensor
     if padding == "all":
         slots[:] = -1
     caches = {}
-    for name, fn in (("oracle", reference.reshape_and_cache), ("fallback", fallback.reshape_and_cache)):
+    for name, fn in (("oracle", reference.reshape_and_cache),
+                     ("fallback", fallback.reshape_and_cache)):
         kc, vc = inputs.key_cache.clone(), inputs.value_cache.clone()
         fn(key, value, kc, vc, slots, kv_cache_dtype, inputs.k_scale, inputs.v_scale)
         caches[name] = (kc, vc)
