@@ -8,10 +8,13 @@
 #   1. GPU present? (nvidia-smi and torch.cuda.is_available(); exits 3 at once if not)
 #   2. build the extension with all cores for this GPU's arch (MAX_JOBS=16,
 #      TORCH_CUDA_ARCH_LIST from the device capability), ptxas resource report in the log
-#   3. tests/test_cuda_kernels.py and tests/test_warp_reduce_host.py
-#   4. scripts/bench_cuda.py (ours vs SDPA vs the oracle, with the copy bandwidth)
-#   5. the CLI benchmark, python -m paged_attention_ext bench --device cuda (if the CLI has it)
-# Writes <out>/<step>.log, <out>/bench_cuda.md and <out>/results.md (one row per step).
+#   3. tests/test_cuda_kernels.py, tests/test_warp_reduce_host.py and the CUDA cases of the
+#      fallback tests (CUDA-graph replay of the PyTorch implementation)
+#   4. python -m paged_attention_ext check (every backend on this machine vs the oracle)
+#   5. scripts/bench_cuda.py (ours vs SDPA vs the oracle, with the copy bandwidth)
+#   6. the CLI benchmark, python -m paged_attention_ext bench --device cuda
+# Writes <out>/<step>.log, <out>/bench_cuda.md and <out>/results.md (one row per step): 8 files,
+# the most the device tool brings back (the ptxas report is inside build.log).
 # No network is needed. Exit status: 0 when every step passed, else the number of failed steps
 # (3 when there is no GPU).
 set -uo pipefail
@@ -95,16 +98,20 @@ if [[ $BUILD_RC -ne 0 ]]; then
   echo "device_check.sh: the build failed; see $OUT_DIR/build.log" >&2
   exit "$FAILED"
 fi
-grep -E "spill|Compiling entry" "$OUT_DIR/build.log" > "$OUT_DIR/ptxas_resources.log" || true
+echo "ptxas: $(grep -c 'Compiling entry' "$OUT_DIR/build.log") kernels compiled, $(grep -E 'spill' "$OUT_DIR/build.log" | grep -vc ' 0 bytes spill stores, 0 bytes spill loads') report lines with spills"
 
 # ---- 3. tests ----
-run_step tests_cuda 180 "$PY" -m pytest tests/test_cuda_kernels.py tests/test_warp_reduce_host.py \
-  -q -x -rs -p no:cacheprovider
+# --maxfail, not -x: a first run on a GPU should show every failing case, not only the first.
+run_step tests_cuda 200 "$PY" -m pytest tests/test_cuda_kernels.py tests/test_warp_reduce_host.py \
+  "tests/test_fallback.py" -k "cuda or graph or warp" -q --maxfail=30 -rs -p no:cacheprovider
 
-# ---- 4. our benchmark ----
+# ---- 4. every backend on this machine against the oracle ----
+run_step check 120 "$PY" -m paged_attention_ext check
+
+# ---- 5. our benchmark ----
 run_step bench_cuda 120 "$PY" scripts/bench_cuda.py --iters 30 --out "$OUT_DIR/bench_cuda.md"
 
-# ---- 5. the CLI benchmark (written by another engineer; optional when the CLI lacks it) ----
+# ---- 6. the CLI benchmark (written by another engineer; optional when the CLI lacks it) ----
 if "$PY" -m paged_attention_ext bench --help > /dev/null 2>&1; then
   run_step bench_cli 90 "$PY" -m paged_attention_ext bench --device cuda
 else
