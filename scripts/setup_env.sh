@@ -67,16 +67,18 @@ STAMP="$( (echo "$TORCH_VERSION ${PAGED_ATTN_BUILD_CUDA:-auto} ${TORCH_CUDA_ARCH
            find csrc setup.py pyproject.toml -type f | sort | xargs sha256sum) | sha256sum | cut -d' ' -f1)"
 if [[ ! -f "$STAMP_FILE" || "$(cat "$STAMP_FILE")" != "$STAMP" ]] || ! ls paged_attention_ext/_C*.so >/dev/null 2>&1; then
   export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
+  # build_ext --inplace is incremental (pinned build folder) and puts _C next to the package; its
+  # output (nvcc's register/spill report with PAGED_ATTN_PTXAS_VERBOSE=1) also goes to
+  # $PAGED_ATTN_BUILD_LOG when set.
+  log "building the extension (setup.py build_ext --inplace)"
+  "$PY" setup.py build_ext --inplace 2>&1 | tee -a "${PAGED_ATTN_BUILD_LOG:-/dev/null}" | tail -n 3 >&2
   if ! "$PY" -m pip show paged_attention_ext >/dev/null 2>&1; then
     # setup.py's develop command runs `pip install --no-build-isolation --no-deps -e .` against
-    # this torch (plain `setup.py develop` fails with setuptools >= 80 otherwise: BUILD-NOTES).
-    log "building and installing the extension (python setup.py develop)"
+    # this torch (plain `setup.py develop` fails with setuptools >= 80 otherwise: BUILD-NOTES);
+    # the build above is reused, so this only installs the package and the paged-attn command.
+    log "installing the package in editable mode (python setup.py develop)"
     "$PY" setup.py -q develop >&2
-  else
-    log "rebuilding the extension (sources changed)"
   fi
-  # build_ext --inplace is incremental (pinned build folder) and puts _C next to the package.
-  "$PY" setup.py -q build_ext --inplace >&2
   mkdir -p build && echo "$STAMP" > "$STAMP_FILE"
 fi
 echo "$PY"
