@@ -44,15 +44,17 @@ size_t kernel_scratch_floats(const PagedAttentionParams& p);
 // Computes one work item and writes m_p, s_p and the normalised output of partition
 // `task.partition` for query heads kv_head * G .. kv_head * G + G - 1 (G = num_heads /
 // num_kv_heads). The partition must hold at least one token.
+// `next`: the work item this thread runs after this one, or null; a kernel may prefetch its
+// K / V while this one computes (a hint: it changes no result).
 // NOTE: cache slots past seq_len are never multiplied into the output (masked loads), so NaN
 // there cannot leak; every block offset is computed in 64 bits.
 using PartitionKernel = void (*)(const PagedAttentionParams& p, const KernelInputs& in,
-                                 PartitionTask task, float* scratch);
+                                 PartitionTask task, const PartitionTask* next, float* scratch);
 
 void attention_partition_generic(const PagedAttentionParams& p, const KernelInputs& in,
-                                 PartitionTask task, float* scratch);
+                                 PartitionTask task, const PartitionTask* next, float* scratch);
 void attention_partition_avx512(const PagedAttentionParams& p, const KernelInputs& in,
-                                PartitionTask task, float* scratch);
+                                PartitionTask task, const PartitionTask* next, float* scratch);
 
 // True when this CPU runs attention_partition_avx512 (AVX-512 F, BW, VL).
 bool cpu_has_avx512();

@@ -120,13 +120,59 @@ PA_AVX512 inline __m512 exp_ps(__m512 x) {
   return _mm512_scalef_ps(y, n);
 }
 
-// Sum each token's x consecutive lanes (x = 4, 8 or 16) into the token's first lane.
-PA_AVX512 inline __m512 segmented_sum(__m512 v, int x) {
-  v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1));  // swap neighbours
-  v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4E));  // swap pairs: lanes 0 mod 4 hold x=4 sums
-  if (x >= 8) v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xB1));   // 128-bit lanes 1,0,3,2
-  if (x >= 16) v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4E));  // 2,3,0,1
-  return v;
+// ---- logits: per-token sums of the QK accumulators ----
+// K rows hold x consecutive dims of each token, so a 16-lane accumulator holds 16 / x tokens x x
+// partial sums ("x form"). These fold x = 16 and x = 8 forms down to the x = 4 form (one token
+// per 128-bit lane), then a 4-vector transpose-reduce gives 16 token sums in one vector.
+
+// x = 16 pair: a = token 0, b = token 1 -> x = 8 form [t0 | t1].
+PA_AVX512 inline __m512 fold16(__m512 a, __m512 b) {
+  return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+}
+
+// x = 8 pair: a = [t0 | t1], b = [t2 | t3] -> x = 4 form [t0 t1 t2 t3].
+PA_AVX512 inline __m512 fold8(__m512 a, __m512 b) {
+  return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
+}
+
+// x = 4 forms of tokens 0-3, 4-7, 8-11, 12-15 -> the 16 token sums in token order.
+PA_AVX512 inline __m512 sum_x4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+  const __m512 r = _mm512_add_ps(
+      _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))),
+      _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))));
+  // r lane 4k + j holds token 4j + k
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, r);
+}
+
+// The 16 * JT / X token sums of JT accumulators in X form, stored to dst[0, ntok).
+template <int X, int JT>
+PA_AVX512 inline void store_token_sums(const __m512* acc, float* dst, int ntok) {
+  static_assert(JT * 4 % X == 0, "at least one x = 4 vector");
+  constexpr int N4 = JT * 4 / X;  // vectors in x = 4 form
+  __m512 v4[N4 < 4 ? 4 : N4];
+  if constexpr (X == 4) {
+    for (int i = 0; i < N4; ++i) v4[i] = acc[i];
+  } else if constexpr (X == 8) {
+    for (int i = 0; i < N4; ++i) v4[i] = fold8(acc[2 * i], acc[2 * i + 1]);
+  } else {
+    for (int i = 0; i < N4; ++i)
+      v4[i] = fold8(fold16(acc[4 * i], acc[4 * i + 1]), fold16(acc[4 * i + 2], acc[4 * i + 3]));
+  }
+  for (int i = N4; i < 4; ++i) v4[i] = _mm512_setzero_ps();
+  for (int i = 0; i < N4; i += 4, ntok -= 16)
+    _mm512_mask_storeu_ps(dst + 4 * i, lanes(0, ntok),
+                          sum_x4(v4[i], v4[i + 1], v4[i + 2], v4[i + 3]));
+}
+
+// q's x dims of K row c (q points at them) broadcast to the x form.
+template <int X>
+PA_AVX512 inline __m512 q_row(const float* q) {
+  if constexpr (X == 4) return _mm512_broadcast_f32x4(_mm_loadu_ps(q));
+  if constexpr (X == 8) return _mm512_broadcast_f32x8(_mm256_loadu_ps(q));
+  return _mm512_loadu_ps(q);
 }
 
 // [sum(a), sum(b), sum(c), sum(d)]
@@ -146,6 +192,24 @@ PA_AVX512 inline void prefetch_bytes(const void* p, int64_t bytes) {
   for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(c + off, static_cast<_mm_hint>(HINT));
 }
 
+// Cache lines of a list of blocks, prefetched into L2 a few lines per step(): spreads the next
+// work item's K over this item's PV loop (a burst would stall on the miss buffers).
+struct PrefetchStream {
+  const char* const* blocks = nullptr;
+  int nblocks = 0;
+  int64_t block_bytes = 0;
+  int lines_per_step = 0;
+  int b = 0;
+  int64_t off = 0;
+  void step() {
+    for (int k = 0; k < lines_per_step && b < nblocks; ++k) {
+      _mm_prefetch(blocks[b] + off, _MM_HINT_T1);
+      off += 64;
+      if (off >= block_bytes) off = 0, ++b;
+    }
+  }
+};
+
 // One block of the partition: where its [kv_head] slice starts and which slots are ours.
 struct Span {
   int64_t offset;  // elements from the cache base: block * kv_block_stride + kv_head * stride
@@ -159,67 +223,55 @@ struct TaskShape {
   int64_t kv_bytes;    // bytes of one block's [kv_head] slice of K (or V)
 };
 
-// logits[g][span.buf + slot] for all bs slots of one block, heads [0, GT) of a tile.
-// kblk: [C][R] cache elements; qpat: [GT][C][16] floats; logits: [GT][L].
-// JT vectors (16 * JT elements) of each row per pass: with 16 * JT >= R (bs = 16, fp32) the
-// block is read front to back, which the hardware prefetcher follows.
+// logits[g][slot] for all bs slots of one block, heads [0, GT) of a tile.
+// kblk: [C][R] cache elements; qs: [GT][D] scaled query; logits: [GT][L] at the block's slot 0.
+// JT vectors (16 * JT elements) of each row per pass. pf_a / pf_b (either may be null): blocks
+// prefetched into L2 a row's worth of lines per K row.
 template <typename Cache, int GT, int JT>
-PA_AVX512 void qk_block(const typename Cache::storage* kblk, const float* qpat,
+PA_AVX512 void qk_block(const typename Cache::storage* kblk, const float* qs,
                         const TaskShape& s, float* logits, const char* pf_a, const char* pf_b) {
+  constexpr int X = 16 / static_cast<int>(sizeof(typename Cache::storage));
   const int64_t row_bytes = s.kv_bytes / s.C;  // bytes of one K row c
-  const __mmask16 first_lanes = s.x == 4 ? 0x1111 : s.x == 8 ? 0x0101 : 0x0001;
   for (int j = 0; j < s.R; j += 16 * JT) {
     __mmask16 m[JT];
-    int ntok[JT];
 #pragma GCC unroll 8
-    for (int jt = 0; jt < JT; ++jt) {
-      const int r = std::max(0, std::min(16, s.R - j - 16 * jt));  // elements in vector jt
-      m[jt] = lanes(0, r);
-      ntok[jt] = r / s.x;
-    }
+    for (int jt = 0; jt < JT; ++jt) m[jt] = lanes(0, s.R - j - 16 * jt);
     __m512 acc[GT][JT];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int g = 0; g < GT; ++g)
 #pragma GCC unroll 8
       for (int jt = 0; jt < JT; ++jt) acc[g][jt] = _mm512_setzero_ps();
     for (int c = 0; c < s.C; ++c) {
       const auto* kp = kblk + static_cast<int64_t>(c) * s.R + j;
-      if (j == 0) {  // spread the prefetches of the next blocks over this block's compute
+      if (j == 0) {  // spread the prefetches over this block's compute
         for (int64_t off = c * row_bytes; off < (c + 1) * row_bytes; off += 64) {
           if (pf_a) _mm_prefetch(pf_a + off, _MM_HINT_T1);
-          _mm_prefetch(pf_b + off, _MM_HINT_T1);
+          if (pf_b) _mm_prefetch(pf_b + off, _MM_HINT_T1);
         }
       }
       __m512 kv[JT];
 #pragma GCC unroll 8
       for (int jt = 0; jt < JT; ++jt) kv[jt] = Load<Cache>::at(kp + 16 * jt, m[jt]);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int g = 0; g < GT; ++g) {
-        const __m512 qv = _mm512_loadu_ps(qpat + (g * s.C + c) * 16);
+        const __m512 qv = q_row<X>(qs + g * s.D + c * X);
 #pragma GCC unroll 8
         for (int jt = 0; jt < JT; ++jt) acc[g][jt] = _mm512_fmadd_ps(kv[jt], qv, acc[g][jt]);
       }
     }
-#pragma GCC unroll 4
-    for (int g = 0; g < GT; ++g) {
-      float* dst = logits + g * s.L + j / s.x;
+    const int ntok = std::min(16 * JT, s.R - j) / X;
 #pragma GCC unroll 8
-      for (int jt = 0; jt < JT; ++jt) {
-        if (ntok[jt] == 0) break;
-        _mm512_mask_storeu_ps(
-            dst + jt * (16 / s.x), lanes(0, ntok[jt]),
-            _mm512_maskz_compress_ps(first_lanes, segmented_sum(acc[g][jt], s.x)));
-      }
-    }
+    for (int g = 0; g < GT; ++g) store_token_sums<X, JT>(acc[g], logits + g * s.L + j / X, ntok);
   }
 }
 
 // out[g][d] = norm[g] * sum over the partition's tokens of p[g][t] * V[t][d], heads [0, GT),
 // head dims in tiles of DT (D % DT == 0). probs: [GT][L]; out row g at out + g * out_stride.
+// pf.step() once per (dim tile, block).
 template <typename Cache, int GT, int DT>
 PA_AVX512 void pv_tile(const typename Cache::storage* V, const Span* spans, int nspans,
                        const float* probs, const TaskShape& s, const float* norm, float* out,
-                       int64_t out_stride) {
+                       int64_t out_stride, PrefetchStream& pf) {
   static_assert(DT % 4 == 0, "reduce4 takes 4 head dims at a time");
   for (int d0 = 0; d0 < s.D; d0 += DT) {
     __m512 acc[GT][DT];
@@ -229,21 +281,22 @@ PA_AVX512 void pv_tile(const typename Cache::storage* V, const Span* spans, int 
       for (int dt = 0; dt < DT; ++dt) acc[g][dt] = _mm512_setzero_ps();
     for (int i = 0; i < nspans; ++i) {
       const Span& sp = spans[i];
+      pf.step();
       const auto* vb = V + sp.offset + static_cast<int64_t>(d0) * s.bs;
       for (int tc = sp.lo & ~15; tc < sp.hi; tc += 16) {
         const __mmask16 m = lanes(sp.lo - tc, sp.hi - tc);
         __m512 pv[GT];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int g = 0; g < GT; ++g) pv[g] = _mm512_maskz_loadu_ps(m, probs + g * s.L + sp.buf + tc);
 #pragma GCC unroll 8
         for (int dt = 0; dt < DT; ++dt) {
           const __m512 vr = Load<Cache>::at(vb + static_cast<int64_t>(dt) * s.bs + tc, m);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
           for (int g = 0; g < GT; ++g) acc[g][dt] = _mm512_fmadd_ps(vr, pv[g], acc[g][dt]);
         }
       }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int g = 0; g < GT; ++g) {
       const __m128 scale = _mm_set1_ps(norm[g]);
 #pragma GCC unroll 2
@@ -275,45 +328,126 @@ PA_AVX512 inline void softmax_in_place(float* buf, int lo, int hi, float* m_out,
   *s_out = _mm512_reduce_add_ps(vsum);
 }
 
-template <typename Cache, int GT>
-PA_AVX512 void run_head_tile(const PagedAttentionParams& p, const KernelInputs& in,
-                             PartitionTask task, const Span* spans, int nspans,
-                             const TaskShape& s, int g0, float* logits, float* qpat) {
+// Head tiles: a tile's heads share every K / V vector load (registers: GT accumulators per K
+// vector in QK, GT x DT in PV). G = 6 is one tile; otherwise tiles of 4 and a remainder.
+inline int tile_heads(int remaining) {
+  return remaining == 6 ? 6 : std::min(4, remaining);
+}
+
+template <typename Cache>
+PA_AVX512 void qk_tile(int gt, const typename Cache::storage* kblk, const float* qs,
+                       const TaskShape& s, float* logits, const char* pf_a, const char* pf_b) {
+  switch (gt) {
+    case 1: return qk_block<Cache, 1, 8>(kblk, qs, s, logits, pf_a, pf_b);
+    case 2: return qk_block<Cache, 2, 8>(kblk, qs, s, logits, pf_a, pf_b);
+    case 3: return qk_block<Cache, 3, 4>(kblk, qs, s, logits, pf_a, pf_b);
+    case 4: return qk_block<Cache, 4, 4>(kblk, qs, s, logits, pf_a, pf_b);
+    default: return qk_block<Cache, 6, 4>(kblk, qs, s, logits, pf_a, pf_b);
+  }
+}
+
+template <typename Cache>
+PA_AVX512 void pv_heads(int gt, const typename Cache::storage* V, const Span* spans, int nspans,
+                        const float* probs, const TaskShape& s, const float* norm, float* out,
+                        int64_t out_stride, PrefetchStream& pf) {
+  const bool wide = s.D % 8 == 0;  // fewer heads: wider dim tiles keep 8+ accumulators busy
+  switch (gt) {
+    case 1:
+      if (wide) return pv_tile<Cache, 1, 8>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
+      return pv_tile<Cache, 1, 4>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
+    case 2:
+      if (wide) return pv_tile<Cache, 2, 8>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
+      return pv_tile<Cache, 2, 4>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
+    case 3: return pv_tile<Cache, 3, 4>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
+    case 4: return pv_tile<Cache, 4, 4>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
+    default: return pv_tile<Cache, 6, 4>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
+  }
+}
+
+// The blocks of the partition of `task` (tokens [t_begin, t_end)); returns their count.
+inline int partition_spans(const PagedAttentionParams& p, PartitionTask task, int bs,
+                           Span* spans) {
+  const int seq_len = p.seq_lens[task.seq];
+  const int t_begin = task.partition * kPartitionSize;
+  const int t_end = std::min(seq_len, t_begin + kPartitionSize);
+  const int b_first = t_begin / bs, b_last = (t_end - 1) / bs;
+  const int32_t* table = p.block_tables + static_cast<int64_t>(task.seq) * p.max_blocks_per_seq;
+  const int64_t head_off = static_cast<int64_t>(task.kv_head) * p.kv_head_stride;
+  int n = 0;
+  for (int b = b_first; b <= b_last; ++b, ++n) {
+    Span& sp = spans[n];
+    sp.offset = static_cast<int64_t>(table[b]) * p.kv_block_stride + head_off;  // NOTE: 64-bit
+    sp.lo = std::max(t_begin - b * bs, 0);
+    sp.hi = std::min(t_end - b * bs, bs);
+    sp.buf = n * bs;
+  }
+  return n;
+}
+
+// Bytes of L2 the partition's V and the next work item's K (prefetched during this item's PV)
+// may take together (1 MiB per core here; the rest holds K in flight and everything else).
+// Measured (llama / short shapes, bf16): 5-10% faster; none when V alone fills the budget.
+constexpr int64_t kPrefetchBudget = 384 * 1024;
+
+template <typename Cache>
+PA_AVX512 void run_partition(const PagedAttentionParams& p, const KernelInputs& in,
+                             PartitionTask task, const PartitionTask* next, float* scratch) {
   using T = typename Cache::storage;
   const T* K = static_cast<const T*>(p.key_cache);
   const T* V = static_cast<const T*>(p.value_cache);
-  const int seq_len = p.seq_lens[task.seq];
-  const int h0 = task.kv_head * (p.num_heads / p.num_kv_heads) + g0;  // first head of the tile
-  const int64_t row0 = (static_cast<int64_t>(task.seq) * p.num_heads + h0) * in.num_partitions +
-                       task.partition;  // [seq, h0, partition] in the result arrays
+  const int G = p.num_heads / p.num_kv_heads;
+  TaskShape s;
+  s.D = p.head_size;
+  s.bs = p.block_size;
+  s.x = p.x;
+  s.C = s.D / s.x;
+  s.R = s.bs * s.x;
+  s.L = (kPartitionSize + 2 * s.bs + 16 + 15) & ~15;
+  s.kv_bytes = static_cast<int64_t>(s.D) * s.bs * sizeof(T);
 
-  // qpat[g][c][l] = qk_scale * q[h0 + g][c * x + l % x]
+  // scratch: logits [G][L] | qs [G][D] | norm [G] | spans [2][max_spans] (this item's, the
+  // next one's) | next K block addresses [max_spans]
+  const int max_spans = kPartitionSize / s.bs + 2;
+  float* logits = scratch;
+  float* qs = logits + static_cast<int64_t>(G) * s.L;
+  float* norm = qs + ((static_cast<int64_t>(G) * s.D + 15) & ~15);
+  Span* spans = reinterpret_cast<Span*>(norm + ((G + 15) & ~15));
+  const char** next_k = reinterpret_cast<const char**>(spans + 2 * max_spans);
+  const int nspans = partition_spans(p, task, s.bs, spans);
+
+  // qs[g][d] = qk_scale * q[h0 + g][d]
+  const int h0 = task.kv_head * G;
   const float* q = in.query + (static_cast<int64_t>(task.seq) * p.num_heads + h0) * s.D;
-  for (int g = 0; g < GT; ++g)
-    for (int c = 0; c < s.C; ++c)
-      for (int l = 0; l < 16; ++l)
-        qpat[(g * s.C + c) * 16 + l] = in.qk_scale * q[g * s.D + c * s.x + l % s.x];
+  for (int64_t i = 0; i < static_cast<int64_t>(G) * s.D; ++i) qs[i] = in.qk_scale * q[i];
 
-  // QK over the partition's blocks. Prefetch into L2: K kAhead blocks ahead, and V of the
-  // block being scored, so the PV pass below finds the partition's V in L2 (<= 256 KiB).
+  // QK, one pass over K for all heads (a block's K stays in L1 across the head tiles).
+  // Prefetch into L2: K kAhead blocks ahead, and V of the block being scored, so the PV pass
+  // below finds the partition's V in L2.
   constexpr int kAhead = 4;
   for (int i = 0; i < std::min(kAhead, nspans); ++i)
     prefetch_bytes<_MM_HINT_T1>(K + spans[i].offset, s.kv_bytes);
   for (int i = 0; i < nspans; ++i) {
-    const char* next_k = i + kAhead < nspans
-                             ? reinterpret_cast<const char*>(K + spans[i + kAhead].offset) : nullptr;
-    qk_block<Cache, GT, (GT <= 2 ? 8 : 4)>(K + spans[i].offset, qpat, s, logits + spans[i].buf,
-                                           next_k,
-                                           reinterpret_cast<const char*>(V + spans[i].offset));
+    const char* pf_k = i + kAhead < nspans
+                           ? reinterpret_cast<const char*>(K + spans[i + kAhead].offset) : nullptr;
+    const char* pf_v = reinterpret_cast<const char*>(V + spans[i].offset);
+    for (int g0 = 0; g0 < G;) {
+      const int gt = tile_heads(G - g0);
+      qk_tile<Cache>(gt, K + spans[i].offset, qs + static_cast<int64_t>(g0) * s.D, s,
+                     logits + static_cast<int64_t>(g0) * s.L + spans[i].buf, pf_k, pf_v);
+      pf_k = pf_v = nullptr;  // once per block
+      g0 += gt;
+    }
   }
 
   // Softmax per head over the partition's tokens; ALiBi bias first.
+  const int seq_len = p.seq_lens[task.seq];
   const int lo = spans[0].buf + spans[0].lo;
   const int hi = spans[nspans - 1].buf + spans[nspans - 1].hi;
   const int t_at_lo = task.partition * kPartitionSize;  // token index of buffer position lo
-  float norm[GT];
-  for (int g = 0; g < GT; ++g) {
-    float* l = logits + g * s.L;
+  const int64_t row0 = (static_cast<int64_t>(task.seq) * p.num_heads + h0) * in.num_partitions +
+                       task.partition;  // [seq, h0, partition] in the result arrays
+  for (int g = 0; g < G; ++g) {
+    float* l = logits + static_cast<int64_t>(g) * s.L;
     if (p.alibi_slopes) {
       const float slope = p.alibi_slopes[h0 + g];
       for (int b = lo; b < hi; ++b) l[b] += slope * static_cast<float>(t_at_lo + (b - lo) - seq_len + 1);
@@ -325,76 +459,53 @@ PA_AVX512 void run_head_tile(const PagedAttentionParams& p, const KernelInputs& 
     norm[g] = in.v_scale / sum;
   }
 
-  float* out = in.part_out + row0 * s.D;
-  const int64_t out_stride = static_cast<int64_t>(in.num_partitions) * s.D;
-  if (GT <= 2 && s.D % 8 == 0)  // fewer heads: wider dim tiles keep 8+ accumulators busy
-    pv_tile<Cache, GT, 8>(V, spans, nspans, logits, s, norm, out, out_stride);
-  else
-    pv_tile<Cache, GT, 4>(V, spans, nspans, logits, s, norm, out, out_stride);
-}
-
-template <typename Cache>
-PA_AVX512 void run_partition(const PagedAttentionParams& p, const KernelInputs& in,
-                             PartitionTask task, float* scratch) {
-  const int G = p.num_heads / p.num_kv_heads;
-  TaskShape s;
-  s.D = p.head_size;
-  s.bs = p.block_size;
-  s.x = p.x;
-  s.C = s.D / s.x;
-  s.R = s.bs * s.x;
-  s.L = (kPartitionSize + 2 * s.bs + 16 + 15) & ~15;
-  s.kv_bytes = static_cast<int64_t>(s.D) * s.bs * sizeof(typename Cache::storage);
-
-  // Spans: the blocks holding tokens [t_begin, t_end).
-  const int seq_len = p.seq_lens[task.seq];
-  const int t_begin = task.partition * kPartitionSize;
-  const int t_end = std::min(seq_len, t_begin + kPartitionSize);
-  const int b_first = t_begin / s.bs, b_last = (t_end - 1) / s.bs;
-  const int32_t* table = p.block_tables + static_cast<int64_t>(task.seq) * p.max_blocks_per_seq;
-  const int64_t head_off = static_cast<int64_t>(task.kv_head) * p.kv_head_stride;
-  float* logits = scratch;                                // [G][L]
-  float* qpat = logits + static_cast<int64_t>(G) * s.L;   // [4][C][16]
-  Span* spans = reinterpret_cast<Span*>(qpat + 4 * s.C * 16 + 16);
-  int nspans = 0;
-  for (int b = b_first; b <= b_last; ++b, ++nspans) {
-    Span& sp = spans[nspans];
-    sp.offset = static_cast<int64_t>(table[b]) * p.kv_block_stride + head_off;  // NOTE: 64-bit
-    sp.lo = std::max(t_begin - b * s.bs, 0);
-    sp.hi = std::min(t_end - b * s.bs, s.bs);
-    sp.buf = nspans * s.bs;
+  // The next work item's K (what fits in kPrefetchBudget beside this item's V), spread over the
+  // first head tile's PV steps: memory is otherwise idle while PV reads V from L2.
+  PrefetchStream pf;
+  const int64_t next_k_budget = kPrefetchBudget - nspans * s.kv_bytes;
+  if (next != nullptr && next_k_budget >= s.kv_bytes) {
+    Span* next_spans = spans + max_spans;
+    const int n_next = partition_spans(p, *next, s.bs, next_spans);
+    pf.nblocks = static_cast<int>(std::min<int64_t>(n_next, next_k_budget / s.kv_bytes));
+    for (int i = 0; i < pf.nblocks; ++i)
+      next_k[i] = reinterpret_cast<const char*>(K + next_spans[i].offset);
+    pf.blocks = next_k;
+    pf.block_bytes = s.kv_bytes;
+    const int steps = s.D / (tile_heads(G) <= 2 && s.D % 8 == 0 ? 8 : 4) * nspans;
+    const int64_t lines = pf.nblocks * ((s.kv_bytes + 63) / 64);
+    pf.lines_per_step = static_cast<int>((lines + steps - 1) / steps);
   }
 
-  for (int g0 = 0; g0 < G; g0 += 4) {
-    float* lg = logits + static_cast<int64_t>(g0) * s.L;
-    switch (std::min(4, G - g0)) {
-      case 1: run_head_tile<Cache, 1>(p, in, task, spans, nspans, s, g0, lg, qpat); break;
-      case 2: run_head_tile<Cache, 2>(p, in, task, spans, nspans, s, g0, lg, qpat); break;
-      case 3: run_head_tile<Cache, 3>(p, in, task, spans, nspans, s, g0, lg, qpat); break;
-      default: run_head_tile<Cache, 4>(p, in, task, spans, nspans, s, g0, lg, qpat); break;
-    }
+  float* out = in.part_out + row0 * s.D;
+  const int64_t out_stride = static_cast<int64_t>(in.num_partitions) * s.D;
+  for (int g0 = 0; g0 < G;) {
+    const int gt = tile_heads(G - g0);
+    pv_heads<Cache>(gt, V, spans, nspans, logits + static_cast<int64_t>(g0) * s.L, s, norm + g0,
+                    out + g0 * out_stride, out_stride, pf);
+    g0 += gt;
   }
 }
 
 }  // namespace
 
 PA_AVX512 void attention_partition_avx512(const PagedAttentionParams& p, const KernelInputs& in,
-                                          PartitionTask task, float* scratch) {
+                                          PartitionTask task, const PartitionTask* next,
+                                          float* scratch) {
   switch (p.cache_kind) {
     case CacheKind::kFp8E4M3:
-      return run_partition<E4M3>(p, in, task, scratch);
+      return run_partition<E4M3>(p, in, task, next, scratch);
     case CacheKind::kFp8E5M2:
-      return run_partition<E5M2>(p, in, task, scratch);
+      return run_partition<E5M2>(p, in, task, next, scratch);
     case CacheKind::kAuto:
       break;
   }
   switch (p.scalar_kind) {
     case ScalarKind::kFloat32:
-      return run_partition<F32>(p, in, task, scratch);
+      return run_partition<F32>(p, in, task, next, scratch);
     case ScalarKind::kFloat16:
-      return run_partition<F16>(p, in, task, scratch);
+      return run_partition<F16>(p, in, task, next, scratch);
     case ScalarKind::kBFloat16:
-      return run_partition<BF16>(p, in, task, scratch);
+      return run_partition<BF16>(p, in, task, next, scratch);
   }
 }
 
@@ -403,7 +514,7 @@ PA_AVX512 void attention_partition_avx512(const PagedAttentionParams& p, const K
 bool cpu_has_avx512() { return false; }
 void attention_partition_avx512(const PagedAttentionParams& p, const KernelInputs& in,
                                 PartitionTask task, float* scratch) {
-  attention_partition_generic(p, in, task, scratch);
+  attention_partition_generic(p, in, task, next, scratch);
 }
 
 #endif
@@ -414,14 +525,15 @@ void attention_partition_avx512(const PagedAttentionParams& p, const KernelInput
 namespace paged_attn {
 namespace cpu {
 
-// Both kernels' scratch: the AVX-512 layout (logits [G][L] + qpat [4][D/x][16] + spans) covers
-// the generic one's ([G][kPartitionSize]).
+// Both kernels' scratch: the AVX-512 layout (see run_partition) covers the generic one's
+// ([G][kPartitionSize]).
 size_t kernel_scratch_floats(const PagedAttentionParams& p) {
   const size_t G = p.num_heads / p.num_kv_heads;
   const size_t L = (kPartitionSize + 2 * p.block_size + 16 + 15) & ~15;
-  const size_t C = p.head_size / p.x;
   const size_t max_spans = kPartitionSize / p.block_size + 2;
-  return G * L + 4 * C * 16 + 16 + max_spans * 8 + 16;
+  const size_t span_floats = 8, pointer_floats = 2;  // >= sizeof(Span), sizeof(char*) / 4
+  return G * L + ((G * p.head_size + 15) & ~15) + ((G + 15) & ~15) +
+         max_spans * (2 * span_floats + pointer_floats) + 16;
 }
 
 }  // namespace cpu

@@ -78,7 +78,8 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
 }  // namespace
 
 void attention_partition_generic(const PagedAttentionParams& p, const KernelInputs& in,
-                                 PartitionTask task, float* scratch) {
+                                 PartitionTask task, const PartitionTask* /*next*/,
+                                 float* scratch) {
   switch (p.cache_kind) {
     case CacheKind::kFp8E4M3:
       return run_partition<E4M3>(p, in, task, scratch);

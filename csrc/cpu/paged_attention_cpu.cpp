@@ -45,13 +45,31 @@ float cache_scale(const PagedAttentionParams& p, const float* ptr, float value) 
   return ptr != nullptr ? *ptr : value;
 }
 
+// Work items per thread at least: enough that each thread reads kMinBytesPerThread of K / V.
+// Below that the whole call runs in the calling thread: waking a second OpenMP thread costs
+// ~10-50 us when its core is free, and milliseconds when another process holds that core (a
+// tiny call then waits a scheduler time slice at the region's closing barrier).
+constexpr int64_t kMinBytesPerThread = 1 << 20;
+
+int64_t task_grain(const PagedAttentionParams& p, int64_t n_tasks) {
+  int64_t tokens = 0;
+  for (int s = 0; s < p.num_seqs; ++s) tokens += p.seq_lens[s];
+  const int64_t element_bytes = p.cache_kind != CacheKind::kAuto ? 1
+                                : p.scalar_kind == ScalarKind::kFloat32 ? 4 : 2;
+  const int64_t bytes = 2 * tokens * p.num_kv_heads * p.head_size * element_bytes;  // K and V
+  if (bytes <= 0) return std::max<int64_t>(n_tasks, 1);
+  return std::max<int64_t>(1, (n_tasks * kMinBytesPerThread + bytes - 1) / bytes);
+}
+
 template <typename scalar_t>
 void merge_partitions(const PagedAttentionParams& p, const KernelInputs& in, bool is_v2) {
   const int D = p.head_size, P = in.num_partitions;
   auto* out = static_cast<scalar_t*>(p.out);
   auto* tmp_out = static_cast<scalar_t*>(p.tmp_out);
   const int64_t rows = static_cast<int64_t>(p.num_seqs) * p.num_heads;
-  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+  // Rows per thread: enough to be worth a thread wake-up (~64k floats of partition outputs).
+  const int64_t grain = std::max<int64_t>(16, (1 << 16) / (static_cast<int64_t>(P) * D));
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> w(P), acc(D);
     for (int64_t row = begin; row < end; ++row) {
       const int n = partitions_of(p.seq_lens[row / p.num_heads]);
@@ -105,9 +123,11 @@ void paged_attention(const char* op, const PagedAttentionParams& p, const at::Te
 
   const PartitionKernel kernel = pick_kernel();
   const size_t scratch_floats = kernel_scratch_floats(p);
-  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
+  const int64_t n_tasks = static_cast<int64_t>(tasks.size());
+  at::parallel_for(0, n_tasks, task_grain(p, n_tasks), [&](int64_t begin, int64_t end) {
     std::vector<float> scratch(scratch_floats);
-    for (int64_t i = begin; i < end; ++i) kernel(p, in, tasks[i], scratch.data());
+    for (int64_t i = begin; i < end; ++i)
+      kernel(p, in, tasks[i], i + 1 < end ? &tasks[i + 1] : nullptr, scratch.data());
   });
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out.scalar_type(), "paged_attn_merge",
