@@ -5,7 +5,8 @@
 Per shape: median ms over reps after a warm-up, with the last-level cache flushed (a 256 MiB
 buffer read) before every timed call so K/V come from memory; GB/s = bytes that must move (K and V
 of every token once, plus q and out) / time; % of the read bandwidth measured in the same run
-(sum over a 2 GiB tensor). Peers: gather+SDPA (index the blocks into contiguous K/V, then
+(sum over a 2 GiB tensor); x lin = time / time of a linear read (sum) of a tensor of the same
+K/V bytes, timed the same way right after (the fairest ratio on a shared machine). Peers: gather+SDPA (index the blocks into contiguous K/V, then
 F.scaled_dot_product_attention per sequence) and the oracle (paged_attention_ext.reference),
 timed once each since they are slow. The machine is shared: compare within one run.
 """
@@ -95,7 +96,7 @@ def main():
     bw = measure_bandwidth()
     print(f"threads={torch.get_num_threads()} OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']} "
           f"read bandwidth {bw:.1f} GB/s")
-    print(f"{'shape':10} {'dtype':9} {'ms':>8} {'GB/s':>6} {'%bw':>5} {'sdpa ms':>8} "
+    print(f"{'shape':10} {'dtype':9} {'ms':>8} {'GB/s':>6} {'%bw':>5} {'x lin':>5} {'sdpa ms':>8} "
           f"{'x sdpa':>6} {'oracle ms':>9} {'x oracle':>8}")
     for name in args.shapes.split(","):
         ns, nh, nkv, d, bs, ctx = SHAPES[name]
@@ -113,8 +114,11 @@ def main():
                 out = testing.alloc_v1_outputs(inp)
                 fn = lambda: testing.call_v1(torch.ops.paged_attn.v1, inp, out)  # noqa: E731
             ms = timed(fn, args.reps)
+            linear = torch.ones((nbytes - 2 * ns * nh * d * inp.query.element_size()) // 4)
+            lin_ms = timed(linear.sum, args.reps)
+            del linear
             gbs = nbytes / ms / 1e6
-            line = f"{name:10} {dt:9} {ms:8.2f} {gbs:6.1f} {100 * gbs / bw:5.0f}"
+            line = f"{name:10} {dt:9} {ms:8.2f} {gbs:6.1f} {100 * gbs / bw:5.0f} {ms / lin_ms:5.2f}"
             if args.peers:
                 sdpa = timed(lambda: gather_sdpa(inp), 2)
                 orc_out = testing.alloc_v2_outputs(inp)

@@ -5,23 +5,26 @@
 // compiles with the project's baseline flags and the code runs only after cpu_has_avx512().
 // No lambdas in PA_AVX512 code: GCC does not propagate the target attribute into them.
 //
-// Algorithm per work item (G query heads share the KV head; heads processed in tiles of <= 4):
+// Algorithm per work item (G query heads share the KV head; head tiles: G = 6 is one tile,
+// otherwise tiles of <= 4 heads; a tile's heads share every K / V vector load):
 //   spans   the partition's blocks from the block table: 64-bit element offset of the block's
 //           [kv_head] slice and the slot range [lo, hi) of the partition's tokens in it.
-//   QK      per block, K viewed as rows [head_size / x][block_size * x]; a 16-lane vector holds
-//           16 / x tokens x x dims. acc[g][j] += K_vec[j] * qpat[g][c] over the rows c
-//           (qpat = q's x dims of row c repeated 16 / x times, pre-scaled), then a segmented sum
-//           over each token's x lanes gives its logit. One K load feeds every head of the tile.
+//   QK      one pass over the blocks, every head tile per block (the block's K stays in L1).
+//           K viewed as rows [head_size / x][block_size * x]; a 16-lane vector holds 16 / x
+//           tokens x x dims ("x form"). acc[g][j] += K_vec[j] * (q's x dims of row c,
+//           broadcast, pre-scaled); then a transpose-reduce folds 4-16 accumulators into one
+//           vector of 16 token logits (store_token_sums).
 //   softmax m = max, p = exp(l - m) (vectorised exp), s = sum p, per head.
-//   PV      per tile of DT head dims, registers acc[g][dt] (16 token lanes each) accumulate
-//           p[g][tokens] * V[d][tokens] over all blocks of the partition; one horizontal
-//           reduction per (g, d) at the end. V rows are [block_size] contiguous per d.
+//   PV      per head tile and tile of DT head dims, registers acc[g][dt] (16 token lanes each)
+//           accumulate p[g][tokens] * V[d][tokens] over all blocks of the partition; one
+//           horizontal reduction per (g, d) at the end. V rows are [block_size] contiguous per d.
 // Slots outside [lo, hi) are masked to zero in BOTH p and V loads (0 * NaN would be NaN).
-// Prefetch (addresses known from the block table): while scoring block i, block i + 4's K and
-// block i's V are prefetched into L2, so PV finds the partition's V there. The prefetches are
-// spread over the K rows of block i (one row's worth per row) instead of issued in a burst: a
-// burst stalls on the miss buffers and leaves nothing in flight during the compute (measured:
-// v2 time / linear read time of the same bytes fell from ~3.8 to ~2.0).
+// Prefetch (addresses known from the block tables), all into L2: while scoring block i, block
+// i + 4's K and block i's V, so PV finds the partition's V in L2; during PV, the next work item's
+// K (within an L2 budget). Prefetches are spread over the compute (a few lines per K row / PV
+// step) instead of issued in bursts: a burst stalls on the miss buffers and leaves nothing in
+// flight during the compute (measured: v2 time / linear read time of the same bytes fell from
+// ~3.8 to ~2.0).
 #include <algorithm>
 #include <cmath>
 #include <cstring>

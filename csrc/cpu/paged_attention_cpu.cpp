@@ -45,11 +45,12 @@ float cache_scale(const PagedAttentionParams& p, const float* ptr, float value) 
   return ptr != nullptr ? *ptr : value;
 }
 
-// Work items per thread at least: enough that each thread reads kMinBytesPerThread of K / V.
+// Work items per thread at least: enough that each thread reads kMinBytesPerThread of K / V
+// (measured: a 2 MiB call took 0.086 ms in one thread, 0.097-0.17 ms in two).
 // Below that the whole call runs in the calling thread: waking a second OpenMP thread costs
 // ~10-50 us when its core is free, and milliseconds when another process holds that core (a
 // tiny call then waits a scheduler time slice at the region's closing barrier).
-constexpr int64_t kMinBytesPerThread = 1 << 20;
+constexpr int64_t kMinBytesPerThread = 4 << 20;
 
 int64_t task_grain(const PagedAttentionParams& p, int64_t n_tasks) {
   int64_t tokens = 0;
