@@ -204,7 +204,10 @@ def _chunk_states(ws, q, key_cache, value_cache, kind, logit_scale, v_scale, blo
     seqs = s1 - s0
     # block_size divides 512: gathered straight into [S', kvh, C, L, d] / [S', kvh, C, d, L];
     # other block sizes: the gathered tokens are cut into partitions (matmul may copy).
-    aligned = offset == 0 and (b1 - b0) * block_size == num_parts * part_len
+    # NOTE: block_size must divide part_len, not only the chunk: with block_size 3 a chunk of
+    # 3 x 512 tokens is 512 whole blocks, but they do not split into 3 groups of whole blocks.
+    aligned = (offset == 0 and part_len % block_size == 0
+               and (b1 - b0) * block_size == num_parts * part_len)
     span = slice(offset, offset + num_parts * part_len)
 
     # Token positions [1, 1, C, 1, L] and validity t < seq_len [S', 1, C, 1, L] (L = part_len).

@@ -240,3 +240,19 @@ def test_cuda_graph_capture_and_replay_with_new_lengths():
         got = testing.V2Outputs(*(t.cpu() for t in outs))
         testing.assert_v2_matches(got, want, inputs.seq_lens_list, inputs.dtype,
                                   inputs.kv_cache_dtype)
+
+
+@pytest.mark.parametrize("block_size,seq_lens", [(3, [1528]), (3, [1536, 2]), (5, [2047]),
+                                                 (6, [1025, 1100])])
+def test_block_size_not_dividing_the_partition(block_size, seq_lens):
+    # Regression (found by tests/test_fuzz.py): a chunk of several partitions can be whole blocks
+    # (3 x 512 tokens = 512 blocks of 3) without each partition being whole blocks.
+    inputs = testing.make_attention_inputs(len(seq_lens), 2, 1, 8, block_size, seq_lens,
+                                           dtype=torch.bfloat16, seed=31)
+    got = testing.call_v1(fallback.paged_attention_v1, inputs, testing.alloc_v1_outputs(inputs))
+    want = testing.call_v1(reference.paged_attention_v1, inputs, testing.alloc_v1_outputs(inputs))
+    testing.assert_out_matches(got, want, inputs.dtype)
+    got2 = testing.call_v2(fallback.paged_attention_v2, inputs, testing.alloc_v2_outputs(inputs))
+    want2 = testing.call_v2(reference.paged_attention_v2, inputs,
+                            testing.alloc_v2_outputs(inputs))
+    testing.assert_v2_matches(got2, want2, inputs.seq_lens_list, inputs.dtype)
