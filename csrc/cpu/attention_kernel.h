@@ -8,6 +8,9 @@
 //   attention_kernel_avx512.cpp   AVX-512 intrinsics (F + BW + VL), compiled with a per-function
 //                                 target attribute so the rest of the build keeps its baseline ISA;
 //                                 used only when the CPU reports those features at run time.
+//                                 With AVX512_BF16 too, a bf16 cache's QK and PV run on
+//                                 vdpbf16ps (probabilities rounded to bf16 for PV, as vLLM);
+//                                 attention_partition_avx512_no_bf16_dot keeps them in fp32.
 #pragma once
 
 #include <cstddef>
@@ -55,6 +58,10 @@ void attention_partition_generic(const PagedAttentionParams& p, const KernelInpu
                                  PartitionTask task, const PartitionTask* next, float* scratch);
 void attention_partition_avx512(const PagedAttentionParams& p, const KernelInputs& in,
                                 PartitionTask task, const PartitionTask* next, float* scratch);
+
+void attention_partition_avx512_no_bf16_dot(const PagedAttentionParams& p, const KernelInputs& in,
+                                            PartitionTask task, const PartitionTask* next,
+                                            float* scratch);
 
 // True when this CPU runs attention_partition_avx512 (AVX-512 F, BW, VL).
 bool cpu_has_avx512();

@@ -19,6 +19,8 @@
 //           accumulate p[g][tokens] * V[d][tokens] over all blocks of the partition; one
 //           horizontal reduction per (g, d) at the end. V rows are [block_size] contiguous per d.
 // Slots outside [lo, hi) are masked to zero in BOTH p and V loads (0 * NaN would be NaN).
+// bf16 cache on a CPU with AVX512_BF16 (BF16Dot): QK on vdpbf16ps with the exact bf16 query,
+// scaled after; PV on vdpbf16ps with p rounded to bf16 (qk_block_bf16dot, pv_tile_bf16dot).
 // Prefetch (addresses known from the block tables), all into L2: while scoring block i, block
 // i + 4's K and block i's V, so PV finds the partition's V in L2; during PV, the next work item's
 // K (within an L2 budget). Prefetches are spread over the compute (a few lines per K row / PV
@@ -28,6 +30,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "attention_kernel.h"
 #include "cache_element.h"
@@ -38,6 +41,9 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #define PA_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+// QK / PV of a bf16 cache with vdpbf16ps (run only after cpu_has_avx512_bf16()).
+#define PA_AVX512_BF16 \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,avx512bf16")))
 #else
 #define PA_HAVE_AVX512_PATH 0
 #endif
@@ -54,7 +60,18 @@ bool cpu_has_avx512() {
          __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
 
+static bool cpu_has_avx512_bf16() {
+  __builtin_cpu_init();
+  return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+}
+
 namespace {
+
+// bf16 cache whose QK (exact: the query is bf16 too) and PV (p rounded to bf16) run on
+// vdpbf16ps; its Load is BF16's.
+struct BF16Dot {
+  using storage = uint16_t;
+};
 
 // ---- loads: up to 16 cache elements (lanes outside `m` read nothing and are 0) -> 16 floats ----
 template <typename Cache>
@@ -76,6 +93,8 @@ struct Load<BF16> {
     return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
   }
 };
+template <>
+struct Load<BF16Dot> : Load<BF16> {};
 template <>
 struct Load<E5M2> {  // an e5m2 byte is the top byte of an fp16
   PA_AVX512 static __m512 at(const uint8_t* p, __mmask16 m) {
@@ -268,6 +287,58 @@ PA_AVX512 void qk_block(const typename Cache::storage* kblk, const float* qs,
   }
 }
 
+// qk_block for a bf16 cache with vdpbf16ps: a 32-element vector of a K row holds 4 tokens x 8
+// dims; vdpbf16ps sums adjacent dim pairs, so its 16 fp32 lanes are in x = 4 form (one token per
+// 128-bit lane) and 4 of them give 16 token sums. qb: [GT][D] bf16 bits of the unscaled query
+// (exact: the query is bf16); the sums are scaled by qk_scale. s.x must be 8.
+template <int GT>
+__attribute__((noinline)) PA_AVX512_BF16 void qk_block_bf16dot(
+    const uint16_t* kblk, const uint16_t* qb, float qk_scale, const TaskShape& s, float* logits,
+    const char* pf_a, const char* pf_b) {
+  constexpr int JT = 4;  // 4 vectors of 32 elements: 16 tokens
+  const int64_t row_bytes = s.kv_bytes / s.C;
+  const __m512 scale = _mm512_set1_ps(qk_scale);
+  for (int j = 0; j < s.R; j += 32 * JT) {
+    __mmask32 m[JT];
+#pragma GCC unroll 8
+    for (int jt = 0; jt < JT; ++jt) {
+      const int n = std::min(std::max(s.R - j - 32 * jt, 0), 32);
+      m[jt] = n == 32 ? ~__mmask32(0) : static_cast<__mmask32>((1u << n) - 1u);
+    }
+    __m512 acc[GT][JT];
+#pragma GCC unroll 8
+    for (int g = 0; g < GT; ++g)
+#pragma GCC unroll 8
+      for (int jt = 0; jt < JT; ++jt) acc[g][jt] = _mm512_setzero_ps();
+    for (int c = 0; c < s.C; ++c) {
+      const uint16_t* kp = kblk + static_cast<int64_t>(c) * s.R + j;
+      if (j == 0) {  // spread the prefetches over this block's compute
+        for (int64_t off = c * row_bytes; off < (c + 1) * row_bytes; off += 64) {
+          if (pf_a) _mm_prefetch(pf_a + off, _MM_HINT_T1);
+          if (pf_b) _mm_prefetch(pf_b + off, _MM_HINT_T1);
+        }
+      }
+      __m512bh kv[JT];
+#pragma GCC unroll 8
+      for (int jt = 0; jt < JT; ++jt)
+        kv[jt] = (__m512bh)_mm512_maskz_loadu_epi16(m[jt], kp + 32 * jt);
+#pragma GCC unroll 8
+      for (int g = 0; g < GT; ++g) {
+        const __m512bh qv = (__m512bh)_mm512_broadcast_i32x4(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(qb + g * s.D + c * 8)));
+#pragma GCC unroll 8
+        for (int jt = 0; jt < JT; ++jt) acc[g][jt] = _mm512_dpbf16_ps(acc[g][jt], kv[jt], qv);
+      }
+    }
+    const int ntok = std::min(32 * JT, s.R - j) / 8;
+#pragma GCC unroll 8
+    for (int g = 0; g < GT; ++g)
+      _mm512_mask_storeu_ps(
+          logits + g * s.L + j / 8, lanes(0, ntok),
+          _mm512_mul_ps(sum_x4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]), scale));
+  }
+}
+
 // out[g][d] = norm[g] * sum over the partition's tokens of p[g][t] * V[t][d], heads [0, GT),
 // head dims in tiles of DT (D % DT == 0). probs: [GT][L]; out row g at out + g * out_stride.
 // pf.step() once per (dim tile, block).
@@ -311,6 +382,65 @@ PA_AVX512 void pv_tile(const typename Cache::storage* V, const Span* spans, int 
   }
 }
 
+// pv_tile for a bf16 cache with vdpbf16ps: the probabilities rounded to bf16 (as vLLM's P.V in
+// the query dtype; within testing.tolerances) times V; a 256-bit V row piece holds 16 tokens, and
+// vdpbf16ps sums adjacent token pairs into 8 fp32 lanes. pb: [GT] rows of bf16 probabilities,
+// row g at pb + g * 2 * s.L (the logits buffer converted in place by probs_to_bf16).
+template <int GT, int DT>
+__attribute__((noinline)) PA_AVX512_BF16 void pv_tile_bf16dot(
+    const uint16_t* V, const Span* spans, int nspans, const uint16_t* pb, const TaskShape& s,
+    const float* norm, float* out, int64_t out_stride, PrefetchStream& pf) {
+  static_assert(DT % 4 == 0, "4 head dims per reduction");
+  const int64_t pstride = 2 * static_cast<int64_t>(s.L);
+  for (int d0 = 0; d0 < s.D; d0 += DT) {
+    __m256 acc[GT][DT];
+#pragma GCC unroll 8
+    for (int g = 0; g < GT; ++g)
+#pragma GCC unroll 8
+      for (int dt = 0; dt < DT; ++dt) acc[g][dt] = _mm256_setzero_ps();
+    for (int i = 0; i < nspans; ++i) {
+      const Span& sp = spans[i];
+      pf.step();
+      const uint16_t* vb = V + sp.offset + static_cast<int64_t>(d0) * s.bs;
+      for (int tc = sp.lo & ~15; tc < sp.hi; tc += 16) {
+        const __mmask16 m = lanes(sp.lo - tc, sp.hi - tc);
+        __m256bh pv[GT];
+#pragma GCC unroll 8
+        for (int g = 0; g < GT; ++g)
+          pv[g] = (__m256bh)_mm256_maskz_loadu_epi16(m, pb + g * pstride + sp.buf + tc);
+#pragma GCC unroll 8
+        for (int dt = 0; dt < DT; ++dt) {
+          const __m256bh vr =
+              (__m256bh)_mm256_maskz_loadu_epi16(m, vb + static_cast<int64_t>(dt) * s.bs + tc);
+#pragma GCC unroll 8
+          for (int g = 0; g < GT; ++g) acc[g][dt] = _mm256_dpbf16_ps(acc[g][dt], vr, pv[g]);
+        }
+      }
+    }
+#pragma GCC unroll 8
+    for (int g = 0; g < GT; ++g) {
+      const __m128 scale = _mm_set1_ps(norm[g]);
+#pragma GCC unroll 2
+      for (int dt = 0; dt < DT; dt += 4) {  // [sum acc[g][dt + k]] for k < 4
+        const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(acc[g][dt], acc[g][dt + 1]),
+                                        _mm256_hadd_ps(acc[g][dt + 2], acc[g][dt + 3]));
+        const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+        _mm_storeu_ps(out + g * out_stride + d0 + dt, _mm_mul_ps(sums, scale));
+      }
+    }
+  }
+}
+
+// p[lo, hi) of one head, fp32 -> bf16 (round to nearest even) in place: bf16 element i lands at
+// byte 2i, below the fp32 elements still to read. Lanes outside [lo, hi) become 0.
+__attribute__((noinline)) PA_AVX512_BF16 void probs_to_bf16(float* buf, int lo, int hi) {
+  auto* pb = reinterpret_cast<uint16_t*>(buf);
+  for (int i = lo & ~15; i < hi; i += 16) {
+    const __m256bh h = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(lanes(lo - i, hi - i), buf + i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb + i), (__m256i)h);
+  }
+}
+
 // (m, s) of one head's logits in buf[lo, hi); overwrites them with p = exp(l - m).
 PA_AVX512 inline void softmax_in_place(float* buf, int lo, int hi, float* m_out, float* s_out) {
   __m512 vmax = _mm512_set1_ps(-INFINITY);
@@ -339,7 +469,19 @@ inline int tile_heads(int remaining) {
 
 template <typename Cache>
 PA_AVX512 void qk_tile(int gt, const typename Cache::storage* kblk, const float* qs,
-                       const TaskShape& s, float* logits, const char* pf_a, const char* pf_b) {
+                       float qk_scale, const TaskShape& s, float* logits, const char* pf_a,
+                       const char* pf_b) {
+  if constexpr (std::is_same_v<Cache, BF16Dot>) {
+    const auto* qb = reinterpret_cast<const uint16_t*>(qs);  // bf16 query, see run_partition
+    switch (gt) {
+      case 1: return qk_block_bf16dot<1>(kblk, qb, qk_scale, s, logits, pf_a, pf_b);
+      case 2: return qk_block_bf16dot<2>(kblk, qb, qk_scale, s, logits, pf_a, pf_b);
+      case 3: return qk_block_bf16dot<3>(kblk, qb, qk_scale, s, logits, pf_a, pf_b);
+      case 4: return qk_block_bf16dot<4>(kblk, qb, qk_scale, s, logits, pf_a, pf_b);
+      default: return qk_block_bf16dot<6>(kblk, qb, qk_scale, s, logits, pf_a, pf_b);
+    }
+  }
+  (void)qk_scale;  // folded into qs
   switch (gt) {
     case 1: return qk_block<Cache, 1, 8>(kblk, qs, s, logits, pf_a, pf_b);
     case 2: return qk_block<Cache, 2, 8>(kblk, qs, s, logits, pf_a, pf_b);
@@ -354,6 +496,20 @@ PA_AVX512 void pv_heads(int gt, const typename Cache::storage* V, const Span* sp
                         const float* probs, const TaskShape& s, const float* norm, float* out,
                         int64_t out_stride, PrefetchStream& pf) {
   const bool wide = s.D % 8 == 0;  // fewer heads: wider dim tiles keep 8+ accumulators busy
+  if constexpr (std::is_same_v<Cache, BF16Dot>) {
+    const auto* pb = reinterpret_cast<const uint16_t*>(probs);  // see probs_to_bf16
+    switch (gt) {
+      case 1:
+        if (wide) return pv_tile_bf16dot<1, 8>(V, spans, nspans, pb, s, norm, out, out_stride, pf);
+        return pv_tile_bf16dot<1, 4>(V, spans, nspans, pb, s, norm, out, out_stride, pf);
+      case 2:
+        if (wide) return pv_tile_bf16dot<2, 8>(V, spans, nspans, pb, s, norm, out, out_stride, pf);
+        return pv_tile_bf16dot<2, 4>(V, spans, nspans, pb, s, norm, out, out_stride, pf);
+      case 3: return pv_tile_bf16dot<3, 4>(V, spans, nspans, pb, s, norm, out, out_stride, pf);
+      case 4: return pv_tile_bf16dot<4, 4>(V, spans, nspans, pb, s, norm, out, out_stride, pf);
+      default: return pv_tile_bf16dot<6, 4>(V, spans, nspans, pb, s, norm, out, out_stride, pf);
+    }
+  }
   switch (gt) {
     case 1:
       if (wide) return pv_tile<Cache, 1, 8>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
@@ -418,10 +574,20 @@ PA_AVX512 void run_partition(const PagedAttentionParams& p, const KernelInputs& 
   const char** next_k = reinterpret_cast<const char**>(spans + 2 * max_spans);
   const int nspans = partition_spans(p, task, s.bs, spans);
 
-  // qs[g][d] = qk_scale * q[h0 + g][d]
+  // qs[g][d] = qk_scale * q[h0 + g][d]; for BF16Dot, the bf16 bits of q[h0 + g][d] (exact: the
+  // query is bf16, its fp32 copy's top half) and QK scales the sums.
   const int h0 = task.kv_head * G;
   const float* q = in.query + (static_cast<int64_t>(task.seq) * p.num_heads + h0) * s.D;
-  for (int64_t i = 0; i < static_cast<int64_t>(G) * s.D; ++i) qs[i] = in.qk_scale * q[i];
+  if constexpr (std::is_same_v<Cache, BF16Dot>) {
+    auto* qb = reinterpret_cast<uint16_t*>(qs);
+    for (int64_t i = 0; i < static_cast<int64_t>(G) * s.D; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, q + i, sizeof(bits));
+      qb[i] = static_cast<uint16_t>(bits >> 16);
+    }
+  } else {
+    for (int64_t i = 0; i < static_cast<int64_t>(G) * s.D; ++i) qs[i] = in.qk_scale * q[i];
+  }
 
   // QK, one pass over K for all heads (a block's K stays in L1 across the head tiles).
   // Prefetch into L2: K kAhead blocks ahead, and V of the block being scored, so the PV pass
@@ -435,7 +601,10 @@ PA_AVX512 void run_partition(const PagedAttentionParams& p, const KernelInputs& 
     const char* pf_v = reinterpret_cast<const char*>(V + spans[i].offset);
     for (int g0 = 0; g0 < G;) {
       const int gt = tile_heads(G - g0);
-      qk_tile<Cache>(gt, K + spans[i].offset, qs + static_cast<int64_t>(g0) * s.D, s,
+      const float* qs_tile = std::is_same_v<Cache, BF16Dot>  // bf16 query: 2 per float
+                                 ? qs + static_cast<int64_t>(g0) * s.D / 2
+                                 : qs + static_cast<int64_t>(g0) * s.D;
+      qk_tile<Cache>(gt, K + spans[i].offset, qs_tile, in.qk_scale, s,
                      logits + static_cast<int64_t>(g0) * s.L + spans[i].buf, pf_k, pf_v);
       pf_k = pf_v = nullptr;  // once per block
       g0 += gt;
@@ -457,6 +626,7 @@ PA_AVX512 void run_partition(const PagedAttentionParams& p, const KernelInputs& 
     }
     float mx, sum;
     softmax_in_place(l, lo, hi, &mx, &sum);
+    if constexpr (std::is_same_v<Cache, BF16Dot>) probs_to_bf16(l, lo, hi);
     in.max_logits[row0 + static_cast<int64_t>(g) * in.num_partitions] = mx;
     in.exp_sums[row0 + static_cast<int64_t>(g) * in.num_partitions] = sum;
     norm[g] = in.v_scale / sum;
@@ -491,9 +661,10 @@ PA_AVX512 void run_partition(const PagedAttentionParams& p, const KernelInputs& 
 
 }  // namespace
 
-PA_AVX512 void attention_partition_avx512(const PagedAttentionParams& p, const KernelInputs& in,
-                                          PartitionTask task, const PartitionTask* next,
-                                          float* scratch) {
+// The AVX-512 kernel; bf16_dot: QK and PV of a bf16 cache on vdpbf16ps (BF16Dot).
+PA_AVX512 inline void run_avx512(const PagedAttentionParams& p, const KernelInputs& in,
+                                 PartitionTask task, const PartitionTask* next, float* scratch,
+                                 bool bf16_dot) {
   switch (p.cache_kind) {
     case CacheKind::kFp8E4M3:
       return run_partition<E4M3>(p, in, task, next, scratch);
@@ -508,15 +679,34 @@ PA_AVX512 void attention_partition_avx512(const PagedAttentionParams& p, const K
     case ScalarKind::kFloat16:
       return run_partition<F16>(p, in, task, next, scratch);
     case ScalarKind::kBFloat16:
+      if (bf16_dot && p.x == 8) return run_partition<BF16Dot>(p, in, task, next, scratch);
       return run_partition<BF16>(p, in, task, next, scratch);
   }
+}
+
+PA_AVX512 void attention_partition_avx512(const PagedAttentionParams& p, const KernelInputs& in,
+                                          PartitionTask task, const PartitionTask* next,
+                                          float* scratch) {
+  static const bool has_bf16_dot = cpu_has_avx512_bf16();
+  run_avx512(p, in, task, next, scratch, has_bf16_dot);
+}
+
+PA_AVX512 void attention_partition_avx512_no_bf16_dot(const PagedAttentionParams& p,
+                                                      const KernelInputs& in, PartitionTask task,
+                                                      const PartitionTask* next, float* scratch) {
+  run_avx512(p, in, task, next, scratch, false);
 }
 
 #else  // no AVX-512 path on this architecture / compiler
 
 bool cpu_has_avx512() { return false; }
 void attention_partition_avx512(const PagedAttentionParams& p, const KernelInputs& in,
-                                PartitionTask task, float* scratch) {
+                                PartitionTask task, const PartitionTask* next, float* scratch) {
+  attention_partition_generic(p, in, task, next, scratch);
+}
+void attention_partition_avx512_no_bf16_dot(const PagedAttentionParams& p, const KernelInputs& in,
+                                            PartitionTask task, const PartitionTask* next,
+                                            float* scratch) {
   attention_partition_generic(p, in, task, next, scratch);
 }
 

@@ -30,13 +30,17 @@ namespace {
 
 int partitions_of(int seq_len) { return (seq_len + kPartitionSize - 1) / kPartitionSize; }
 
-// PAGED_ATTN_CPU_KERNEL=generic forces the portable kernel (tests compare both); default: the
-// AVX-512 kernel when the CPU has it.
+// PAGED_ATTN_CPU_KERNEL=generic forces the portable kernel (tests compare both),
+// =avx512_no_bf16_dot the AVX-512 kernel without its vdpbf16ps variant (the path CPUs without
+// AVX512_BF16 take); default: the AVX-512 kernel when the CPU has it.
 PartitionKernel pick_kernel() {
   static const bool has_avx512 = cpu_has_avx512();
   const char* force = std::getenv("PAGED_ATTN_CPU_KERNEL");
   if (force != nullptr && std::strcmp(force, "generic") == 0) return attention_partition_generic;
-  return has_avx512 ? attention_partition_avx512 : attention_partition_generic;
+  if (!has_avx512) return attention_partition_generic;
+  if (force != nullptr && std::strcmp(force, "avx512_no_bf16_dot") == 0)
+    return attention_partition_avx512_no_bf16_dot;
+  return attention_partition_avx512;
 }
 
 // Scale of an fp8 cache: the tensor overload's CPU float, else the double; 1 for "auto".
