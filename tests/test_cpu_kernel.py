@@ -21,11 +21,13 @@ pytestmark = pytest.mark.skipif(not paged_attention_ext.extension_loaded(),
 OPS = torch.ops.paged_attn
 
 
-@pytest.fixture(params=["default", "generic"])
+@pytest.fixture(params=["default", "generic", "avx512_no_bf16_dot"])
 def kernel(request, monkeypatch):
-    """Which CPU kernel runs: the launcher reads PAGED_ATTN_CPU_KERNEL on every call."""
-    if request.param == "generic":
-        monkeypatch.setenv("PAGED_ATTN_CPU_KERNEL", "generic")
+    """Which CPU kernel runs: the launcher reads PAGED_ATTN_CPU_KERNEL on every call. "default"
+    is the best for this CPU (AVX-512, with vdpbf16ps for bf16 caches where the CPU has
+    AVX512_BF16); the others force the paths other CPUs take."""
+    if request.param != "default":
+        monkeypatch.setenv("PAGED_ATTN_CPU_KERNEL", request.param)
     else:
         monkeypatch.delenv("PAGED_ATTN_CPU_KERNEL", raising=False)
     return request.param
