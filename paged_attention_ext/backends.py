@@ -133,8 +133,16 @@ def _extension_path(module) -> str:
 def detect() -> Detection:
     """Everything `info` prints. Importing the package registers the ops (C++ via _C, and the
     Python fallback); nothing here runs a kernel."""
-    _import("paged_attention_ext")
-    ext, ext_error = _import("paged_attention_ext._C")
+    package, package_error = _import("paged_attention_ext")
+    # NOTE: never import _C behind the package's back: when the package chose not to load it
+    # (PAGED_ATTN_DISABLE_EXTENSION=1), Python already defined the schemas, and loading _C would
+    # define them a second time, which aborts the process.
+    if package is None:
+        ext, ext_error = None, package_error
+    elif package.extension_loaded():
+        ext, ext_error = package._C, ""
+    else:
+        ext, ext_error = None, str(package.EXTENSION_IMPORT_ERROR)
     det = Detection(
         torch_version=torch.__version__,
         torch_cuda=torch.version.cuda,
