@@ -96,6 +96,18 @@ CacheShape check_caches(const char* op, const at::Tensor& key_cache,
   return CacheShape{key_cache.size(0), key_cache.size(1), value_cache.size(2), block_size, x};
 }
 
+// head_size (of the query or key) against the caches: divisible by x, and K's
+// size(2) * x and V's size(2) equal to it.
+void check_head_size(const char* op, int64_t head_size, const at::Tensor& key_cache,
+                     const CacheShape& cache) {
+  PA_CHECK(head_size % cache.x == 0, "head_size (", head_size, ") must be divisible by x (",
+           cache.x, ")");
+  PA_CHECK(key_cache.size(2) * cache.x == head_size, "head_size (", head_size,
+           ") does not match key_cache (size(2) * x = ", key_cache.size(2) * cache.x, ")");
+  PA_CHECK(cache.head_size == head_size, "head_size (", head_size,
+           ") does not match value_cache.size(2) (", cache.head_size, ")");
+}
+
 // A k_scale / v_scale tensor: one float32 element on the query's device.
 const float* scale_pointer(const char* op, const ScaleArg& s, const char* name,
                            const at::Tensor& query) {
@@ -175,12 +187,7 @@ PagedAttentionParams make_attention_params(
       check_caches(op, key_cache, value_cache, cache_kind, query.scalar_type(), "query");
   PA_CHECK(cache.num_kv_heads == num_kv_heads, "num_kv_heads (", num_kv_heads,
            ") does not match key_cache.size(1) (", cache.num_kv_heads, ")");
-  PA_CHECK(head_size % cache.x == 0, "head_size (", head_size, ") must be divisible by x (",
-           cache.x, ")");
-  PA_CHECK(key_cache.size(2) * cache.x == head_size, "head_size (", head_size,
-           ") does not match key_cache (size(2) * x = ", key_cache.size(2) * cache.x, ")");
-  PA_CHECK(cache.head_size == head_size, "head_size (", head_size,
-           ") does not match value_cache.size(2) (", cache.head_size, ")");
+  check_head_size(op, head_size, key_cache, cache);
   PA_CHECK(block_size == cache.block_size, "block_size (", block_size,
            ") does not match key_cache.size(3) (", cache.block_size, ")");
 
@@ -315,12 +322,7 @@ ReshapeAndCacheParams make_cache_params(const char* op, const at::Tensor& key,
   const int64_t num_tokens = key.size(0), head_size = key.size(2);
   PA_CHECK(key.size(1) == cache.num_kv_heads, "key shape ", shape_str(key),
            " does not match key_cache (num_kv_heads = ", cache.num_kv_heads, ")");
-  PA_CHECK(head_size % cache.x == 0, "head_size (", head_size, ") must be divisible by x (",
-           cache.x, ")");
-  PA_CHECK(key_cache.size(2) * cache.x == head_size, "head_size (", head_size,
-           ") does not match key_cache (size(2) * x = ", key_cache.size(2) * cache.x, ")");
-  PA_CHECK(cache.head_size == head_size, "head_size (", head_size,
-           ") does not match value_cache.size(2) (", cache.head_size, ")");
+  check_head_size(op, head_size, key_cache, cache);
   PA_CHECK(slot_mapping.scalar_type() == at::kLong, "slot_mapping must be int64, got ",
            slot_mapping.scalar_type());
   PA_CHECK(slot_mapping.dim() == 1 && slot_mapping.size(0) == num_tokens &&
