@@ -5,34 +5,43 @@ arguments, in vLLM's order, and same results as the oracle (reference.py), which
 
 Algorithm (all sequences at once; no Python loop over sequences, no host sync):
   1. The token extent is STATIC: v2 covers tmp_out.shape[2] * 512 tokens (capped at the block
-     table's capacity), v1 the capacity max_blocks_per_seq * block_size. It is cut into chunks of
-     whole 512-token partitions (and, for big batches, of sequences; a last partial partition,
-     extent % 512 tokens, is a chunk of its own so nothing past the extent is read); a static
-     Python loop walks them (shapes only, so torch.compile unrolls it and CUDA graphs capture it).
-  2. Per chunk, the chunk's blocks of K and V are read ONCE from the cache (index_select of whole
-     blocks: contiguous rows, the fastest gather) into reused buffers, block ids clamped into
+     table's capacity), v1 the capacity max_blocks_per_seq * block_size. A static plan (_plan:
+     shapes only, so torch.compile unrolls it and CUDA graphs capture it) cuts it into passes of
+     whole 512-token partitions for a group of rows (a last partial partition, extent % 512
+     tokens, is a pass of its own so nothing past the extent is read), and each pass into
+     sub-chunks: the partitions gathered at once.
+  2. Per sub-chunk, its blocks of K are read ONCE from the cache (index_select of whole blocks:
+     contiguous rows, the fastest gather) into a reused buffer, block ids clamped into
      [0, num_blocks) so garbage entries past a row's used blocks are never dereferenced out of
-     bounds; then one copy lays them out for the matmuls and converts to fp32: K token-major
-     [seqs, kv_heads, C, 512, d] (the (d/x, block) transpose moves 16-byte units), V
-     head-dim-major [seqs, kv_heads, C, d, 512] (its inner runs are whole block rows).
-  3. logits = (scale * k_scale * q) . k as one batched matmul with the query viewed as
-     [seqs, kv_heads, 1, group, head_size] (GQA by broadcasting, K/V never expanded per query
-     head), + ALiBi; tokens >= seq_len get logit -inf AND their V rows are zeroed (masked_fill:
-     NaN-poisoned slots must not leak, 0 * NaN = NaN).
-  4. Per partition: max, exp sum, output (one batched matmul P.V), normalised by its exp sum;
-     -inf-safe, so an empty partition or seq_len 0 gives zeros, never NaN. Once a group of rows
-     has all its partitions, v2 writes them to the scratch, and both v1 and v2 combine them with
+     bounds; one copy lays them out token-major [C', S', kv_heads, 512, d] (the (d/x, block)
+     transpose moves 16-byte units), converted to fp32; logits = (scale * k_scale * q) . k is one
+     batched matmul per sub-chunk with the query viewed as [1, S', kv_heads, group, d] (GQA by
+     broadcasting: K/V never expanded per query head), written into the pass's logits.
+  3. Per pass (few, larger ops: on a CPU every op wakes the worker threads): ALiBi, tokens >=
+     seq_len get logit -inf (torch.where: a NaN-poisoned K slot gives a NaN logit), per
+     partition max, exp, exp sum (-inf safe: an empty partition or seq_len 0 gives zeros, never
+     NaN).
+  4. Per sub-chunk again, its blocks of V are read ONCE, slots >= seq_len zeroed (NaN-poisoned
+     slots must not leak: 0 * NaN = NaN) and laid out head-dim-major [C', S', kv_heads, d, 512]
+     in fp32 (for an fp32 cache the zeroing IS the layout copy: an AND of the bits with an
+     integer mask), then one batched matmul P.V per sub-chunk.
+  5. Once a group of rows has all its partitions, the outputs are normalised by their exp sums,
+     v2 writes them to the scratch, and both v1 and v2 combine them with
      reference.partition_weights (the mirror of csrc/core/compound_state.h); out is rounded once
      to the dtype.
-Everything is fp32.
+Everything is fp32. Blocks that straddle partitions (block_size not dividing 512) are gathered
+one partition at a time and cut at the partition's first token.
 
-Memory bound: no fp32 copy of the KV cache. A chunk covers at most CHUNK_BYTES (2 MiB) of fp32 K
-(and as much V), or one 512-token partition of one sequence if that is bigger (kv_heads * 512 *
-head_size * 4 bytes: 2 MiB for 8 KV heads of 128 or 4 of 256). Its buffers (K and V gathered raw,
-K transposed, K and V in fp32) are allocated once per call and reused by every chunk, so peak
-extra memory is about 5 chunks plus O(num_seqs * num_heads * head_size) for q, the running state
-and the result: ~10-30 MiB whatever the context length (docs/FALLBACK.md has measurements).
-Small chunks are also the fast choice on a CPU: each chunk's pipeline stays in cache.
+Memory bound: no fp32 copy of the KV cache. A sub-chunk gathers at most CHUNK_BYTES (4 MiB on a
+CPU) of fp32 K (and as much V), or one 512-token partition of one row if that is bigger
+(kv_heads * 512 * head_size * 4 bytes: 2 MiB for 8 KV heads of 128 or 4 of 256). Its three
+buffers (the blocks as gathered, their layout copy, the fp32 conversion) are allocated once per
+call and reused by every sub-chunk, K and V taking turns. A pass holds at most PASS_LOGIT_BYTES
+(2 MiB on a CPU) of logits, plus its exp and masks. Beyond these: per group of rows the partition
+states (rows * heads * partitions * (head_size + 2) * 4 bytes) and O(num_seqs * num_heads *
+head_size) for q and the result (docs/FALLBACK.md has measurements). Small sub-chunks are the
+fast choice on a CPU (each one's gather, copy and matmul stay in cache); off the CPU both budgets
+are ACCELERATOR_BUDGET_SCALE (16) times bigger, since there every op is a kernel launch.
 
 Rows the contract forbids (seq_len < 0 or beyond the block table's capacity, v2 scratch too small
 for the row, a used block id outside [0, num_blocks)) cannot be checked without a host sync on a
@@ -49,8 +58,15 @@ from . import validation
 from .reference import _scale_value, encode_cache, inv_sum, partition_weights
 from .validation import PARTITION_SIZE
 
-# fp32 K (and as much V) gathered per chunk, at most (unless one partition of one row is bigger).
-CHUNK_BYTES = 2 << 20
+# Budgets on a CPU. Gathered fp32 K per sub-chunk (and as much V), at most (unless one partition
+# of one row is bigger): small enough that a sub-chunk's gather, layout copy and matmul stay in
+# cache. fp32 logits per pass, at most (unless one sub-chunk's are bigger): the softmax steps run
+# once per pass, not once per sub-chunk (on a CPU each op costs a wake-up of the worker threads).
+CHUNK_BYTES = 4 << 20
+PASS_LOGIT_BYTES = 2 << 20
+# Off the CPU both budgets are this many times bigger: there every op is a kernel launch (a few
+# microseconds: 4 MiB sub-chunks would leave a GPU launch-bound) and no cache to stay in.
+ACCELERATOR_BUDGET_SCALE = 16
 _NEG_INF = float("-inf")
 
 
@@ -59,41 +75,43 @@ def _run_data_checks(device):
     return device.type == "cpu" and not torch.compiler.is_compiling()
 
 
-def _masked_fill(t, mask, value):
-    """In place on our own buffers in eager mode; out of place under torch.compile (an in-place
-    write through a strided view is what functionalization handles worst)."""
-    if torch.compiler.is_compiling():
-        return t.masked_fill(mask, value)
-    return t.masked_fill_(mask, value)
+# ---- plan (shapes only) ----
 
-
-# ---- chunk plan (shapes only) ----
-
-def _chunk_plan(num_seqs, extent, bytes_per_row_token):
-    """Static plan [(s0, s1, [(p0, p1, part_len), ...])]: groups of rows, and for each the chunks
-    of partitions covering `extent` tokens.
+def _plan(num_seqs, extent, k_bytes_per_row_token, logit_bytes_per_row_token, aligned,
+          budget_scale=1):
+    """Static plan [(s0, s1, [(p0, p1, part_len, step), ...])]: groups of rows, and for each the
+    passes over `extent` tokens: partitions [p0, p1) of part_len tokens, gathered `step`
+    partitions at a time (a sub-chunk).
 
     Partitions hold 512 tokens except a last partial one (extent % 512 tokens: nothing past the
-    extent is gathered), which is a chunk of its own. A chunk gathers at most CHUNK_BYTES of fp32
-    K (bytes_per_row_token = kv_heads * head_size * 4 per token of one row), or one partition of
-    one row if that is bigger.
+    extent is gathered), which is a pass of its own. A sub-chunk gathers at most CHUNK_BYTES of
+    fp32 K (or one partition of one row if that is bigger); a pass holds at most
+    PASS_LOGIT_BYTES of logits (or one sub-chunk's). `aligned` (block_size divides 512): else
+    blocks straddle partitions and each partition is gathered on its own (step 1).
+    budget_scale multiplies both budgets (ACCELERATOR_BUDGET_SCALE off the CPU).
     """
+    chunk_bytes, pass_logit_bytes = CHUNK_BYTES * budget_scale, PASS_LOGIT_BYTES * budget_scale
     full, tail = divmod(extent, PARTITION_SIZE)
-    row_part = (PARTITION_SIZE if full else tail) * bytes_per_row_token  # one row, one partition
-    if num_seqs * row_part <= CHUNK_BYTES:  # all rows, several partitions per chunk
-        seqs, parts = num_seqs, max(1, CHUNK_BYTES // (num_seqs * row_part))
-    else:  # big batch: groups of rows, one partition per chunk
-        seqs, parts = max(1, CHUNK_BYTES // row_part), 1
-    spans = [(p0, min(p0 + parts, full), PARTITION_SIZE) for p0 in range(0, full, parts)]
+    part_tokens = PARTITION_SIZE if full else tail
+    row_part = part_tokens * k_bytes_per_row_token  # fp32 K of one row, one partition
+    if num_seqs * row_part <= chunk_bytes:  # all rows, several partitions per sub-chunk
+        seqs, step = num_seqs, max(1, chunk_bytes // (num_seqs * row_part))
+    else:  # big batch: groups of rows, one partition per sub-chunk
+        seqs, step = max(1, chunk_bytes // row_part), 1
+    step = step if aligned else 1
+    pass_logits = seqs * part_tokens * logit_bytes_per_row_token  # one partition of the rows
+    per_pass = max(step, pass_logit_bytes // pass_logits // step * step)
+    passes = [(p0, min(p0 + per_pass, full), PARTITION_SIZE, step)
+              for p0 in range(0, full, per_pass)]
     if tail:
-        spans.append((full, full + 1, tail))
-    return [(s0, min(s0 + seqs, num_seqs), spans) for s0 in range(0, num_seqs, seqs)]
+        passes.append((full, full + 1, tail, 1))
+    return [(s0, min(s0 + seqs, num_seqs), passes) for s0 in range(0, num_seqs, seqs)]
 
 
 # ---- gather ----
 
 class _Workspace:
-    """Chunk-sized buffers allocated once per call and reused by every chunk (eager mode).
+    """Chunk-sized buffers allocated once per call and reused by every sub-chunk (eager mode).
 
     NOTE: a fresh multi-MiB tensor per chunk is a fresh mmap and page faults on every chunk (the
     allocator hands big blocks back to the OS); reusing them keeps the chunk pipeline in cache.
@@ -117,137 +135,170 @@ class _Workspace:
         return buf[:nbytes].view(dtype).view(shape)
 
 
-def _gather_blocks(ws, name, cache, block_ids):
-    """cache rows block_ids [S', nb] -> [S' * nb, *cache.shape[1:]] (contiguous, cache dtype)."""
+def _gather_blocks(ws, cache, block_ids):
+    """cache rows block_ids [C', S', nb] -> [C' * S' * nb, *cache.shape[1:]] (cache dtype)."""
     ids = block_ids.flatten()
     if not ws.reuse:
         return cache.index_select(0, ids)
-    out = ws.empty(name, (ids.shape[0],) + tuple(cache.shape[1:]), cache.dtype)
+    out = ws.empty("blocks", (ids.shape[0],) + tuple(cache.shape[1:]), cache.dtype)
     return torch.index_select(cache, 0, ids, out=out)
 
 
-def _to_fp32(ws, name, t, kind):
+def _to_fp32(ws, t, kind):
     """Cache elements (contiguous) -> fp32 values, fp8 decoded (scale NOT applied)."""
     if kind != "auto":
         t = t.view(validation.FP8_DTYPES[kind])
     if t.dtype == torch.float32:
         return t
-    return ws.empty(name, t.shape, torch.float32).copy_(t)
+    return ws.empty("fp32", t.shape, torch.float32).copy_(t)
 
 
-def _gather_keys(ws, key_cache, block_ids, groups, kind):
-    """K of the blocks block_ids [S', nb] (in range), token-major, fp32 (fp8: scale NOT applied).
-
-    key_cache [num_blocks, kvh, d/x, block_size, x]; the nb blocks form `groups` equal groups.
-    Returns [S', kvh, groups, nb / groups * block_size, d], contiguous.
-    NOTE: x elements are 16 bytes whatever the dtype, so the permutation moves 16-byte units
-    (viewed as complex128): the (d/x, block_size) transpose costs about one more copy, not the
-    4-16x of an element-wise one.
+def _gather_keys(ws, key_cache, block_ids, kind):
+    """K of the blocks block_ids [C', S', nb] (in range), token-major, fp32 (fp8: scale NOT
+    applied). key_cache [num_blocks, kvh, d/x, block_size, x] -> [C', S', kvh, nb * bs, d].
+    NOTE: x elements are 16 bytes whatever the dtype, so the (d/x, block_size) transpose moves
+    16-byte units (viewed as complex128): about the cost of a plain copy, not the 4-16x of an
+    element-wise one.
     """
-    seqs, nb = block_ids.shape
+    parts, seqs, nb = block_ids.shape
     _, kvh, dx, block_size, x = key_cache.shape
-    g = _gather_blocks(ws, "blocks", key_cache, block_ids)  # [S' * nb, kvh, d/x, bs, x]
-    shape = (seqs, kvh, groups, nb // groups, block_size, dx)
+    g = _gather_blocks(ws, key_cache, block_ids)  # [C' * S' * nb, kvh, d/x, bs, x]
+    shape = (parts, seqs, kvh, nb, block_size, dx)
     if ws.reuse:
-        g = g.view(torch.complex128).view(seqs, groups, nb // groups, kvh, dx, block_size)
-        t = ws.empty("tokens", shape, torch.complex128).copy_(g.permute(0, 3, 1, 2, 5, 4))
-        t = t.view(key_cache.dtype)  # [S', kvh, G, nb/G, bs, d/x * x] in the cache dtype
+        g = g.view(torch.complex128).view(parts, seqs, nb, kvh, dx, block_size)
+        t = ws.empty("tokens", shape, torch.complex128).copy_(g.permute(0, 1, 3, 2, 5, 4))
+        t = t.view(key_cache.dtype)  # [C', S', kvh, nb, bs, d/x * x] in the cache dtype
     else:  # compiling: inductor fuses the permutation (and has no complex codegen)
-        g = g.view(seqs, groups, nb // groups, kvh, dx, block_size, x)
-        t = g.permute(0, 3, 1, 2, 5, 4, 6).contiguous()  # [S', kvh, G, nb/G, bs, d/x, x]
-    t = _to_fp32(ws, "k_fp32", t, kind)
-    return t.view(seqs, kvh, groups, nb // groups * block_size, dx * x)
+        g = g.view(parts, seqs, nb, kvh, dx, block_size, x)
+        t = g.permute(0, 1, 3, 2, 5, 4, 6).contiguous()  # [C', S', kvh, nb, bs, d/x, x]
+    return _to_fp32(ws, t, kind).view(parts, seqs, kvh, nb * block_size, dx * x)
 
 
-def _gather_values(ws, value_cache, block_ids, groups, kind):
-    """V of the blocks block_ids [S', nb] (in range), head-dim-major, fp32 (fp8: scale NOT
-    applied). value_cache [num_blocks, kvh, d, block_size]. Returns
-    [S', kvh, groups, d, nb / groups * block_size], contiguous (one copy permutes and converts;
-    its inner runs are whole block rows)."""
-    seqs, nb = block_ids.shape
+_SAME_WIDTH_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32}
+
+
+def _bit_mask(valid, element_size):
+    """bool mask -> integer mask of the given element width: True -> -1 (all ones), False -> 0."""
+    return valid.to(_SAME_WIDTH_INT[element_size]).neg_()
+
+
+def _gather_values(ws, value_cache, block_ids, valid, kind):
+    """V of the blocks block_ids [C', S', nb] (in range), head-dim-major, fp32, the slots where
+    `valid` [C', S', nb * block_size] is False zeroed (fp8: scale NOT applied).
+    value_cache [num_blocks, kvh, d, block_size] -> [C', S', kvh, d, nb * block_size].
+
+    NOTE: NaN-poisoned slots must really be zeroed (p = 0 is not enough: 0 * NaN = NaN), and
+    masked_fill / torch.where are element-by-element loops on the CPU (10-16x slower than a
+    vectorised op on a chunk); an AND of the bits with an all-ones / all-zeros integer mask
+    vectorises and gives exactly +0.0 whatever the float format. For an fp32 cache that AND is
+    also the layout copy (one pass); otherwise it zeroes the gathered elements in place and one
+    copy lays them out and converts them.
+    """
+    parts, seqs, nb = block_ids.shape
     _, kvh, head_size, block_size = value_cache.shape
-    g = _gather_blocks(ws, "blocks", value_cache, block_ids)  # [S' * nb, kvh, d, bs]
+    g = _gather_blocks(ws, value_cache, block_ids)  # [C' * S' * nb, kvh, d, bs]
     if kind != "auto":
         g = g.view(validation.FP8_DTYPES[kind])
-    g = g.view(seqs, groups, nb // groups, kvh, head_size, block_size)
-    t = ws.empty("tokens", (seqs, kvh, groups, head_size, nb // groups, block_size),
-                 torch.float32).copy_(g.permute(0, 3, 1, 4, 2, 5))
-    return t.view(seqs, kvh, groups, head_size, nb // groups * block_size)
+    g = g.view(parts, seqs, nb, kvh, head_size, block_size)
+    valid = valid.view(parts, seqs, nb, 1, 1, block_size)
+    order = (0, 1, 3, 4, 2, 5)  # -> [C', S', kvh, d, nb, bs]
+    if not ws.reuse:  # compiling: inductor fuses mask, permutation and conversion
+        t = torch.where(valid, g.float(), 0.0).permute(order).contiguous()
+    elif g.dtype == torch.float32:  # mask + layout in one pass
+        t = ws.empty("tokens", (parts, seqs, kvh, head_size, nb, block_size), torch.float32)
+        torch.bitwise_and(g.view(torch.int32).permute(order), _bit_mask(valid, 4).permute(order),
+                          out=t.view(torch.int32))
+    else:
+        g.view(_SAME_WIDTH_INT[g.element_size()]).bitwise_and_(_bit_mask(valid, g.element_size()))
+        t = ws.empty("tokens", (parts, seqs, kvh, head_size, nb, block_size), torch.float32)
+        t.copy_(g.permute(order))
+    return t.view(parts, seqs, kvh, head_size, nb * block_size)
 
 
-def _chunk_block_ids(block_tables, s0, s1, b0, b1, num_blocks):
-    """int64 [s1 - s0, b1 - b0] block ids clamped into [0, num_blocks); columns past the table
-    (the chunk runs beyond its capacity) read block 0: those tokens are >= seq_len, masked."""
-    ids = block_tables[s0:s1, b0:min(b1, block_tables.shape[1])].long()
-    pad = b1 - b0 - ids.shape[1]
+def _clamped_tables(block_tables, extent_blocks, num_blocks):
+    """int64 [S, extent_blocks] block ids clamped into [0, num_blocks) (garbage entries past a
+    row's used blocks are never dereferenced out of bounds: their tokens are masked); columns
+    past the table (the extent runs beyond its capacity) read block 0, masked too."""
+    ids = block_tables[:, :extent_blocks].long()
+    pad = extent_blocks - ids.shape[1]
     if pad > 0:
         ids = torch.nn.functional.pad(ids, (0, pad))
     return ids.clamp(0, num_blocks - 1)
 
 
-# ---- one chunk: per-partition states ----
+# ---- one pass: per-partition states ----
 
-def _chunk_states(ws, q, key_cache, value_cache, kind, logit_scale, v_scale, block_tables,
-                  seq_lens, slopes, block_size, s0, s1, p0, p1, part_len):
-    """Partition states of sequences [s0, s1), partitions [p0, p1) of part_len tokens (512, or
-    fewer for a last partial partition, alone in its chunk).
-
-    q [S, kvh, 1, group, d] fp32 (unscaled); slopes [1, kvh, 1, group, 1] fp32 or None.
-    Returns max, sum [S', kvh, C, group] and out [S', kvh, C, group, d] (out UNnormalised).
-    """
-    num_parts = p1 - p0
+def _sub_chunk_blocks(tables, seq_lens, s0, s1, p0, p1, part_len, block_size):
+    """What sub-chunk (rows [s0, s1), partitions [p0, p1)) gathers: block ids [C', S', nb],
+    validity t < seq_len of every gathered slot [C', S', nb * bs] and where each partition's
+    tokens start in its gathered slots (all partitions alike: aligned, or one partition)."""
     t0 = p0 * PARTITION_SIZE
-    t1 = t0 + num_parts * part_len  # the chunk's tokens
-    b0, b1 = t0 // block_size, -(-t1 // block_size)  # blocks covering them
-    offset = t0 - b0 * block_size  # first chunk token inside the gathered blocks
-    ids = _chunk_block_ids(block_tables, s0, s1, b0, b1, key_cache.shape[0])
-    seqs = s1 - s0
-    # block_size divides 512: gathered straight into [S', kvh, C, L, d] / [S', kvh, C, d, L];
-    # other block sizes: the gathered tokens are cut into partitions (matmul may copy).
-    # NOTE: block_size must divide part_len, not only the chunk: with block_size 3 a chunk of
-    # 3 x 512 tokens is 512 whole blocks, but they do not split into 3 groups of whole blocks.
-    aligned = (offset == 0 and part_len % block_size == 0
-               and (b1 - b0) * block_size == num_parts * part_len)
-    span = slice(offset, offset + num_parts * part_len)
+    if p1 - p0 > 1:  # aligned: the partitions' blocks tile them exactly
+        nb = part_len // block_size
+        b0 = t0 // block_size
+        ids = tables[s0:s1, b0:b0 + (p1 - p0) * nb].view(s1 - s0, p1 - p0, nb).transpose(0, 1)
+        first_slot, offset = b0 * block_size, 0
+    else:  # one partition: the blocks covering its tokens (the first may start before them)
+        b0, b1 = t0 // block_size, -(-(t0 + part_len) // block_size)
+        nb = b1 - b0
+        ids = tables[s0:s1, b0:b1][None]
+        first_slot, offset = b0 * block_size, t0 - b0 * block_size
+    slots = torch.arange(first_slot, first_slot + (p1 - p0) * nb * block_size,
+                         device=seq_lens.device).view(p1 - p0, 1, nb * block_size)
+    valid = slots < seq_lens[None, s0:s1, None]
+    return ids, valid, offset
 
-    # Token positions [1, 1, C, 1, L] and validity t < seq_len [S', 1, C, 1, L] (L = part_len).
-    pos = torch.arange(t0, t1, device=q.device).view(1, 1, num_parts, 1, part_len)
-    lens = seq_lens[s0:s1].view(seqs, 1, 1, 1, 1)
-    valid = pos < lens
 
-    # Keys first, then values: they take turns in the workspace buffers.
-    if aligned:
-        k = _gather_keys(ws, key_cache, ids, num_parts, kind)
-    else:
-        k = _gather_keys(ws, key_cache, ids, 1, kind)[:, :, 0, span]
-        k = k.unflatten(2, (num_parts, part_len))
-    # GQA by broadcasting: [S', kvh, 1, g, d] @ [S', kvh, C, d, L] -> [S', kvh, C, g, L]
-    logits = torch.matmul(q[s0:s1] * logit_scale, k.transpose(-1, -2))
+def _pass_states(ws, q, key_cache, value_cache, kind, v_scale, tables, seq_lens, slopes,
+                 block_size, s0, s1, p0, p1, part_len, step):
+    """Partition states of rows [s0, s1), partitions [p0, p1) of part_len tokens (512, or fewer
+    for a last partial partition, alone in its pass), gathered `step` partitions at a time.
+
+    q [1, S, kvh, group, d] fp32, already times scale (* k_scale); slopes [1, 1, kvh, group, 1]
+    or None; tables [S, >= blocks of the extent] int64 block ids clamped into [0, num_blocks).
+    Returns max, sum [C, S', kvh, group] and out [C, S', kvh, group, d] (out UNnormalised).
+    """
+    parts, seqs = p1 - p0, s1 - s0
+    _, _, kvh, group, head_size = q.shape
+    subs = [(c0, min(c0 + step, parts)) for c0 in range(0, parts, step)]
+
+    # logits [C, S', kvh, g, L] = q . k: one batched matmul per sub-chunk over (partition, row,
+    # KV head); GQA by broadcasting the group's query heads as the rows (K never expanded).
+    logits = torch.empty((parts, seqs, kvh, group, part_len), device=q.device)
+    gathered = []
+    for c0, c1 in subs:
+        ids, slot_valid, offset = _sub_chunk_blocks(tables, seq_lens, s0, s1, p0 + c0,
+                                                    p0 + c1, part_len, block_size)
+        gathered.append((ids, slot_valid, offset))
+        k = _gather_keys(ws, key_cache, ids, kind)  # [C', S', kvh, nb * bs, d]
+        k = k[:, :, :, offset:offset + part_len]  # the partitions' tokens [C', S', kvh, L, d]
+        torch.matmul(q[:, s0:s1], k.transpose(-1, -2), out=logits[c0:c1])
+
+    # Token positions [C, 1, L] and validity t < seq_len [C, S', 1, 1, L].
+    pos = torch.arange(p0 * PARTITION_SIZE, p0 * PARTITION_SIZE + parts * part_len,
+                       device=q.device).view(parts, 1, part_len)
+    lens = seq_lens[None, s0:s1, None]
+    valid = (pos < lens)[:, :, None, None, :]
     if slopes is not None:  # ALiBi: slope * (t - seq_len + 1), 0 at the last token
-        logits = logits + slopes * (pos - lens + 1).float()
-    logits = _masked_fill(logits, ~valid, _NEG_INF)
+        logits = logits + slopes * (pos - lens + 1).float()[:, :, None, None, :]
+    # NOTE: where, not an additive -inf: a NaN-poisoned K slot gives a NaN logit.
+    logits = torch.where(valid, logits, _NEG_INF)
 
-    part_max = logits.amax(dim=-1)  # [S', kvh, C, g]; -inf for an empty partition
+    # Per partition: max, exp, sum; -inf safe (an empty partition has max -inf, sum 0).
+    part_max = logits.amax(dim=-1)  # [C, S', kvh, g]
     safe_max = torch.where(part_max == _NEG_INF, 0.0, part_max)  # exp(-inf - 0) = 0, never NaN
     p = torch.exp(logits - safe_max[..., None])
     part_sum = p.sum(dim=-1)
 
-    if aligned:
-        v = _gather_values(ws, value_cache, ids, num_parts, kind)
-    else:
-        v = _gather_values(ws, value_cache, ids, 1, kind)[:, :, 0, :, span]
-        v = v.unflatten(3, (num_parts, part_len)).transpose(2, 3)
-    # NOTE: zero V past seq_len (NaN-poisoned slots: p = 0 is not enough, 0 * NaN = NaN).
-    v = _masked_fill(v, ~valid, 0.0)  # [S', kvh, C, d, L]
-    part_out = torch.matmul(p, v.transpose(-1, -2))  # [S', kvh, C, g, L] @ [..., L, d]
+    # out [C, S', kvh, g, d] = p . v, one batched matmul per sub-chunk.
+    part_out = torch.empty((parts, seqs, kvh, group, head_size), device=q.device)
+    for (c0, c1), (ids, slot_valid, offset) in zip(subs, gathered):
+        v = _gather_values(ws, value_cache, ids, slot_valid, kind)  # [C', S', kvh, d, nb*bs]
+        v = v[..., offset:offset + part_len]
+        torch.matmul(p[c0:c1], v.transpose(-1, -2), out=part_out[c0:c1])
     if kind != "auto":
         part_out = part_out * v_scale
     return part_max, part_sum, part_out
-
-
-def _to_heads(t):
-    """[S, kvh, C, g(, d)] -> [S, kvh * g, C(, d)] (query head h = kv_head * g + j)."""
-    return t.transpose(2, 3).flatten(1, 2)
 
 
 def _bad_rows(block_tables, seq_lens, block_size, num_blocks, extent):
@@ -276,33 +327,39 @@ def _attention(op, out, exp_sums, max_logits, tmp_out, query, key_cache, value_c
     extent = capacity if tmp_out is None else min(capacity, tmp_out.shape[2] * PARTITION_SIZE)
     dev = query.device
 
-    q = query.float().view(num_seqs, num_kv_heads, 1, group, head_size)
     logit_scale = scale * _scale_value(k_scale, dev) if kind != "auto" else scale
+    q = (query.float() * logit_scale).view(1, num_seqs, num_kv_heads, group, head_size)
     vs = _scale_value(v_scale, dev)
     slopes = None
     if alibi_slopes is not None:
-        slopes = alibi_slopes.float().view(1, num_kv_heads, 1, group, 1)
+        slopes = alibi_slopes.float().view(1, 1, num_kv_heads, group, 1)
 
     result = torch.zeros((num_seqs, num_heads, head_size), device=dev)  # fp32
     ws = _Workspace(dev)
-    row_token = num_kv_heads * head_size * 4  # fp32 K bytes of one token of one row
-    plan = _chunk_plan(num_seqs, extent, row_token) if num_blocks > 0 and extent > 0 else []
-    for s0, s1, spans in plan:
-        states = [_chunk_states(ws, q, key_cache, value_cache, kind, logit_scale, vs,
-                                block_tables, seq_lens, slopes, block_size, s0, s1, p0, p1,
-                                part_len) for p0, p1, part_len in spans]
-        # All partitions of these rows: max, sum [S', kvh, P, g]; out [S', kvh, P, g, d].
-        part_max, part_sum, part_out = (torch.cat(t, dim=2) for t in zip(*states))
+    plan = []
+    if num_blocks > 0 and extent > 0:
+        plan = _plan(num_seqs, extent, num_kv_heads * head_size * 4, num_heads * 4,
+                     PARTITION_SIZE % block_size == 0,
+                     1 if dev.type == "cpu" else ACCELERATOR_BUDGET_SCALE)
+        tables = _clamped_tables(block_tables, -(-extent // block_size), num_blocks)
+    for s0, s1, passes in plan:
+        states = [_pass_states(ws, q, key_cache, value_cache, kind, vs, tables, seq_lens,
+                               slopes, block_size, s0, s1, *spec) for spec in passes]
+        # All partitions of these rows: max, sum [P, S', kvh, g]; out [P, S', kvh, g, d].
+        part_max, part_sum, part_out = (torch.cat(t) for t in zip(*states))
         part_out = part_out * inv_sum(part_sum)[..., None]  # normalised by its own exp sum
+        rows, num_parts = s1 - s0, part_max.shape[0]
         if tmp_out is not None:  # v2 scratch: the partitions' stats and normalised outputs
-            num_parts = part_max.shape[2]
-            max_logits[s0:s1, :, :num_parts] = _to_heads(part_max)
-            exp_sums[s0:s1, :, :num_parts] = _to_heads(part_sum)
-            tmp_out[s0:s1, :, :num_parts] = _to_heads(part_out)
+            heads_last = part_max.permute(1, 2, 3, 0).reshape(rows, num_heads, num_parts)
+            max_logits[s0:s1, :, :num_parts] = heads_last
+            exp_sums[s0:s1, :, :num_parts] = part_sum.permute(1, 2, 3, 0).reshape(
+                rows, num_heads, num_parts)
+            tmp_out[s0:s1, :, :num_parts] = part_out.permute(1, 2, 3, 0, 4).reshape(
+                rows, num_heads, num_parts, head_size)
         # Phase 2 (compound_state.h partition_weights: -inf safe, all-empty rows give zeros).
-        w = partition_weights(part_max.transpose(2, 3), part_sum.transpose(2, 3))  # [S',kvh,g,P]
-        rows = torch.einsum("skgp,skpgd->skgd", w, part_out)
-        result[s0:s1] = rows.reshape(s1 - s0, num_heads, head_size)
+        w = partition_weights(part_max.permute(1, 2, 3, 0), part_sum.permute(1, 2, 3, 0))
+        rows_out = torch.einsum("skgp,pskgd->skgd", w, part_out)  # w [S', kvh, g, P]
+        result[s0:s1] = rows_out.reshape(rows, num_heads, head_size)
 
     bad = _bad_rows(block_tables, seq_lens, block_size, num_blocks, extent)
     out.copy_(torch.where(bad[:, None, None], float("nan"), result))

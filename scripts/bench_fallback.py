@@ -26,10 +26,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPES = {
     "llama-fp32": (8, 32, 8, 128, 16, 4096, "float32"),
     "llama-bf16": (8, 32, 8, 128, 16, 4096, "bfloat16"),
+    "llama-16k-fp32": (8, 32, 8, 128, 16, 16384, "float32"),
+    "llama-16k-bf16": (8, 32, 8, 128, 16, 16384, "bfloat16"),
+    "qwen-100k-fp32": (1, 24, 4, 256, 16, 100_000, "float32"),
     "qwen-100k-bf16": (1, 24, 4, 256, 16, 100_000, "bfloat16"),
     "short-64x256-fp32": (64, 32, 8, 128, 16, 256, "float32"),
 }
-CONTENDERS = ["fallback-v2", "fallback-v1", "gather+sdpa", "oracle-v2"]
+# ops-v2: torch.ops.paged_attn.v2, the compiled C++ kernel when the extension is built: the
+# yardstick for what one pass over the cache costs on this machine.
+CONTENDERS = ["fallback-v2", "fallback-v1", "gather+sdpa", "oracle-v2", "ops-v2"]
 REPS = {"oracle-v2": 3}  # timed calls per subprocess (default below)
 DEFAULT_REPS = 7
 
@@ -84,6 +89,7 @@ def child(shape_name, contender):
         "fallback-v2": lambda: testing.call_v2(fallback.paged_attention_v2, inp, outs),
         "fallback-v1": lambda: testing.call_v1(fallback.paged_attention_v1, inp, outs.out),
         "oracle-v2": lambda: testing.call_v2(reference.paged_attention_v2, inp, outs),
+        "ops-v2": lambda: testing.call_v2(torch.ops.paged_attn.v2, inp, outs),
         "gather+sdpa": lambda: _gather_sdpa(inp),
     }[contender]
     base = _peak_rss_reset()
@@ -100,9 +106,12 @@ def child(shape_name, contender):
 
 # ---- parent ----
 
-def _spawn(shape_name, contender):
+def _spawn(shape_name, contender, omp_wait_policy):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", shape_name, contender]
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               OMP_WAIT_POLICY=omp_wait_policy)
+    if omp_wait_policy == "default":  # libgomp's own default: spin a while, then sleep
+        del env["OMP_WAIT_POLICY"]
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     if res.returncode != 0:
         raise RuntimeError(f"{shape_name}/{contender} failed:\n{res.stderr[-2000:]}")
@@ -116,6 +125,10 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--oracle-rounds", type=int, default=1,
                     help="rounds that include the (slow) oracle")
+    ap.add_argument("--omp-wait-policy", default=os.environ["OMP_WAIT_POLICY"],
+                    choices=["PASSIVE", "ACTIVE", "default"],
+                    help="OMP_WAIT_POLICY of the timed processes (default: PASSIVE, as the main "
+                         "command's benchmark; 'default' leaves it unset)")
     ap.add_argument("--json", help="write the raw results here")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -123,7 +136,7 @@ def main():
         child(*args.child)
         return
 
-    print(f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}  load average {os.getloadavg()}")
+    print(f"OMP_WAIT_POLICY={args.omp_wait_policy}  load average {os.getloadavg()}")
     results = {}
     for shape in args.shapes:
         rounds = []
@@ -132,7 +145,7 @@ def main():
             for c in args.contenders:
                 if c == "oracle-v2" and r >= args.oracle_rounds:
                     continue
-                row[c] = _spawn(shape, c)
+                row[c] = _spawn(shape, c, args.omp_wait_policy)
                 print(f"  {shape} round {r} {c}: {row[c]['ms']:.1f} ms, "
                       f"peak +{row[c]['peak_extra_mib']:.0f} MiB", flush=True)
             rounds.append(row)

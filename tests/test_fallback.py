@@ -3,8 +3,9 @@
 Same inputs as the kernel tests (paged_attention_ext.testing): sharp softmax, shuffled block
 tables with garbage (-1, ids >= num_blocks) past each row's used blocks, NaN in every unused cache
 slot, outputs pre-filled with NaN, odd lengths around the 512-token partitions. The fallback
-walks static chunks of partitions / sequences: each case runs with the default chunking and with
-chunks forced to one partition of one sequence and to everything at once.
+walks static passes over partitions / sequences, each gathered in sub-chunks: each case runs with
+the default plan, with one partition of one sequence per sub-chunk (one pass each, or all in one
+pass) and with everything in one sub-chunk.
 
 Proof of sync-freedom: torch.compile(fullgraph=True) traces v1, v2 and reshape_and_cache on CPU
 (a .item(), .tolist(), data-dependent shape or branch on tensor data would break the graph), and
@@ -36,7 +37,10 @@ CASES = [
     (torch.bfloat16, "fp8_e5m2", (12, 2, 64, 8), True),
 ]
 
-CHUNKINGS = {"default": None, "tiny": 1, "one_chunk": 1 << 40}  # CHUNK_BYTES
+# (CHUNK_BYTES, PASS_LOGIT_BYTES): one partition of one row per sub-chunk and per pass; the
+# same sub-chunks, all in one pass; everything in one sub-chunk and one pass.
+CHUNKINGS = {"default": None, "tiny": (1, 1), "one_pass": (1, 1 << 40),
+             "one_chunk": (1 << 40, 1 << 40)}
 
 
 def _case_id(case):
@@ -47,7 +51,9 @@ def _case_id(case):
 @pytest.fixture(params=list(CHUNKINGS), ids=list(CHUNKINGS))
 def chunking(request, monkeypatch):
     if CHUNKINGS[request.param] is not None:
-        monkeypatch.setattr(fallback, "CHUNK_BYTES", CHUNKINGS[request.param])
+        chunk_bytes, pass_logit_bytes = CHUNKINGS[request.param]
+        monkeypatch.setattr(fallback, "CHUNK_BYTES", chunk_bytes)
+        monkeypatch.setattr(fallback, "PASS_LOGIT_BYTES", pass_logit_bytes)
     return request.param
 
 
@@ -115,22 +121,33 @@ def test_bad_rows_are_nan_without_checks(monkeypatch):
     testing.assert_out_matches(outs.out[:1], want[:1], torch.float32)
 
 
-def test_chunk_plan_is_bounded_and_covers_everything():
-    # (rows, extent in tokens, fp32 K bytes per row-token): every (row, partition) once, partitions
-    # of 512 tokens but a partial last one, no chunk over the budget unless it is one partition.
-    for seqs, extent, per_token in [(8, 4096, 4096), (3, 100_000, 2048), (64, 288, 4096),
-                                    (5, 1100, 8192), (1, 1, 1)]:
-        plan = fallback._chunk_plan(seqs, extent, per_token)
-        covered = [(s, p, part_len) for s0, s1, spans in plan for p0, p1, part_len in spans
+@pytest.mark.parametrize("budget_scale", [1, fallback.ACCELERATOR_BUDGET_SCALE])
+@pytest.mark.parametrize("aligned", [True, False])
+def test_plan_is_bounded_and_covers_everything(aligned, budget_scale):
+    # (rows, extent in tokens, fp32 K bytes per row-token, logit bytes per row-token): every
+    # (row, partition) once, partitions of 512 tokens but a partial last one (a pass of its own),
+    # no sub-chunk over the K budget unless it is one partition of one row, no pass over the
+    # logit budget unless it is one sub-chunk, one partition per sub-chunk when not aligned.
+    for seqs, extent, per_token, logit_per_token in [
+            (8, 4096, 4096, 128), (8, 16384, 4096, 128), (3, 100_000, 4096, 96),
+            (64, 288, 4096, 128), (5, 1100, 8192, 64), (1, 1, 1, 4)]:
+        plan = fallback._plan(seqs, extent, per_token, logit_per_token, aligned, budget_scale)
+        covered = [(s, p, part_len) for s0, s1, passes in plan
+                   for p0, p1, part_len, step in passes
                    for s in range(s0, s1) for p in range(p0, p1)]
         num_parts = math.ceil(extent / PARTITION_SIZE)
         want = [(s, p, min(PARTITION_SIZE, extent - p * PARTITION_SIZE))
                 for s in range(seqs) for p in range(num_parts)]
         assert sorted(covered) == sorted(want)
-        for s0, s1, spans in plan:
-            for p0, p1, part_len in spans:
-                chunk = (s1 - s0) * (p1 - p0) * part_len * per_token
-                assert chunk <= max(fallback.CHUNK_BYTES, PARTITION_SIZE * per_token)
+        for s0, s1, passes in plan:
+            for p0, p1, part_len, step in passes:
+                assert aligned or step == 1
+                sub_chunk = (s1 - s0) * step * part_len * per_token
+                assert sub_chunk <= max(fallback.CHUNK_BYTES * budget_scale,
+                                        PARTITION_SIZE * per_token)
+                pass_logits = (s1 - s0) * (p1 - p0) * part_len * logit_per_token
+                assert pass_logits <= max(fallback.PASS_LOGIT_BYTES * budget_scale,
+                                          (s1 - s0) * step * part_len * logit_per_token)
 
 
 # ---- reshape_and_cache ----
