@@ -173,7 +173,7 @@ def test_bench_subprocess_json_and_plot(tmp_path):
         assert row["bytes"] == 4 * (2 * s["batch"] * s["ctx"] * s["kv_heads"] * s["head"]
                                     + 2 * s["batch"] * s["heads"] * s["head"])
         assert row["correct"] is True
-        for key in ("median_ms", "gbps", "pct_of_read_bw", "speedup"):
+        for key in ("median_ms", "gbps", "pct_of_read_bw", "speedup", "vs_oracle"):
             _assert_positive_finite(row[key])
         assert row["timing"]["reps"] >= 3
         assert row["timing"]["min_ms"] <= row["median_ms"] <= row["timing"]["max_ms"]
@@ -181,7 +181,11 @@ def test_bench_subprocess_json_and_plot(tmp_path):
         assert row["pct_of_read_bw"] == pytest.approx(
             100 * row["gbps"] / data["bandwidth"]["read_gbps"])
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "gather-sdpa" in proc.stdout  # the table
+    assert "gather-sdpa" in proc.stdout and "fallback" in proc.stdout  # the table
+    by_name = {r["contender"]: r for r in data["results"] if r["label"] == shapes[0].label}
+    assert by_name["oracle"]["vs_oracle"] == pytest.approx(1.0)
+    assert by_name["fallback"]["vs_oracle"] == pytest.approx(
+        by_name["oracle"]["median_ms"] / by_name["fallback"]["median_ms"])
 
 
 def test_bench_custom_shape_fp8_bf16(tmp_path, capsys):

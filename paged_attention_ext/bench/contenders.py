@@ -115,7 +115,7 @@ CONTENDERS = {
                             "F.scaled_dot_product_attention on contiguous K/V (no paging; "
                             "a lower bound for dense attention)"),
 }
-DEFAULT_CPU = ("ours-v2", "ours-v1", "oracle", "gather-sdpa")
+DEFAULT_CPU = ("ours-v2", "ours-v1", "fallback", "oracle", "gather-sdpa")
 DEFAULT_CUDA = DEFAULT_CPU + ("sdpa-dense",)
 
 

@@ -10,7 +10,7 @@ from .runner import BenchResult
 from .timing import FULL, QUICK
 
 COLUMNS = ("shape", "contender", "ms (median)", "spread", "GB/s", "% read BW", "ours x",
-           "max err", "ok", "peak MiB", "note")
+           "x oracle", "max err", "ok", "peak MiB", "note")
 
 
 def to_dict(result: BenchResult, machine: dict) -> dict:
@@ -59,7 +59,7 @@ def _cells(row: dict) -> list:
     return [row["label"], contender, _fmt(row["median_ms"], ".3f"),
             _fmt(spread, ".0f") + ("%" if spread is not None else ""), _small(row["gbps"]),
             _small(row["pct_of_read_bw"]), _fmt(row.get("speedup"), ".2f"),
-            _fmt(row.get("max_abs_err"), ".1e"), ok,
+            _small(row.get("vs_oracle")), _fmt(row.get("max_abs_err"), ".1e"), ok,
             _fmt(None if peak is None else peak / 2**20, ".1f"), row.get("note", "")]
 
 
@@ -75,6 +75,7 @@ def header_lines(data: dict) -> list:
         f"GB/s (read+write), buffer {bw['buffer_bytes'] / 2**20:.0f} MiB; best of before/after: "
         + ", ".join(f"{s['read_gbps']:.1f}/{s['copy_gbps']:.1f}" for s in bw.get("samples", [])),
         "ours x = contender time / time of our op vLLM would pick (marked *); "
+        "x oracle = oracle time / contender time; "
         "spread = interquartile range / median; peak = " + data["memory_method"],
     ]
 

@@ -155,13 +155,16 @@ def _bench_shape(shape: Shape, config: BenchConfig, plan, flusher, progress) -> 
 
 def _add_speedups(rows: list, pick: str):
     """speedup = contender time / our time, 'ours' being the op vLLM's rule would pick (the
-    other one if that was not run)."""
+    other one if that was not run); vs_oracle = oracle time / contender time (how many times
+    faster than the oracle, the seed's algorithm), when the oracle was timed."""
     timed = {r["contender"]: r["median_ms"] for r in rows if r["median_ms"]}
     ours_name = next((n for n in (f"ours-{pick}", "ours-v2", "ours-v1") if n in timed), None)
     for r in rows:
         r["speedup_ref"] = ours_name
         r["speedup"] = (r["median_ms"] / timed[ours_name]
                         if ours_name and r["median_ms"] else None)
+        r["vs_oracle"] = (timed["oracle"] / r["median_ms"]
+                          if "oracle" in timed and r["median_ms"] else None)
 
 
 class _NoProgress:
