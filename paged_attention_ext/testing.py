@@ -153,6 +153,36 @@ def make_attention_inputs(num_seqs, num_heads, num_kv_heads, head_size, block_si
         seq_lens_list=list(seq_lens), dtype=dtype)
 
 
+CACHE_LAYOUTS = ("blocks_interleaved", "head_padding")
+
+
+def strided_cache_view(cache, layout):
+    """cache (same values, same device) as a view into a bigger NaN-filled tensor: outer strides
+    the contract allows that no contiguous tensor has. 'blocks_interleaved': block b is slot 0 of
+    block b of a [num_blocks, 2, ...] tensor (K and V of a block side by side); 'head_padding':
+    one unused head after the real ones."""
+    fill = float("nan") if cache.is_floating_point() else FP8_NAN_BYTE
+    n, kvh = cache.shape[:2]
+    if layout == "blocks_interleaved":
+        big = torch.full((n, 2, kvh) + tuple(cache.shape[2:]), fill, dtype=cache.dtype,
+                         device=cache.device)
+        view = big[:, 0]
+    elif layout == "head_padding":
+        big = torch.full((n, kvh + 1) + tuple(cache.shape[2:]), fill, dtype=cache.dtype,
+                         device=cache.device)
+        view = big[:, :kvh]
+    else:
+        raise ValueError(f"unknown layout {layout!r}; choose from {CACHE_LAYOUTS}")
+    view.copy_(cache)
+    return view
+
+
+def with_strided_caches(inputs, layout):
+    """inputs with key_cache and value_cache replaced by strided_cache_view copies."""
+    return dataclasses.replace(inputs, key_cache=strided_cache_view(inputs.key_cache, layout),
+                               value_cache=strided_cache_view(inputs.value_cache, layout))
+
+
 def alloc_v1_outputs(inputs, fill=float("nan")):
     """out [num_seqs, num_heads, head_size] in the query dtype, pre-filled with `fill`."""
     return torch.full((inputs.num_seqs, inputs.num_heads, inputs.head_size), fill,

@@ -68,6 +68,15 @@ def test_matches_oracle(kernel, case):
     check_v1_v2(inp)
 
 
+@pytest.mark.parametrize("layout", testing.CACHE_LAYOUTS)
+def test_caches_with_outer_strides_of_a_bigger_tensor(kernel, layout):
+    # (block, head) strides of a view into a bigger NaN-filled allocation: honoured, never read.
+    for dtype, kv in ((torch.bfloat16, "auto"), (torch.float32, "fp8_e4m3")):
+        inp = testing.make_attention_inputs(3, 8, 2, 64, 16, [1, 600, 1025], dtype=dtype,
+                                            kv_cache_dtype=kv, seed=13)
+        check_v1_v2(testing.with_strided_caches(inp, layout))
+
+
 @pytest.mark.parametrize("scale_as_tensor", [False, True])
 def test_scale_overloads_and_fused_query(kernel, scale_as_tensor):
     """k_scale / v_scale as floats and as tensors (the .scale_tensor overload); the query a slice

@@ -26,7 +26,7 @@ if CUDA:
     from paged_attention_ext import reference, testing
     from paged_attention_ext.testing import (alloc_v1_outputs, alloc_v2_outputs, assert_out_matches,
                                              assert_v2_matches, call_v1, call_v2,
-                                             make_attention_inputs)
+                                             make_attention_inputs, with_strided_caches)
 
 DEV = "cuda"
 HEAD_SIZES = (32, 64, 80, 96, 112, 120, 128, 192, 256)  # csrc/cuda/dispatch.cuh
@@ -135,6 +135,17 @@ def test_strided_query_and_larger_scratch(ops):
     assert inputs.query.stride(0) > 16 * 128
     _check_v2(ops, inputs, max_num_partitions=7)
     _check_v1(ops, inputs)
+
+
+@pytest.mark.parametrize("layout", ["blocks_interleaved", "head_padding"])  # testing.CACHE_LAYOUTS
+def test_caches_with_outer_strides_of_a_bigger_tensor(ops, layout):
+    # (block, head) strides of a view into a bigger NaN-filled allocation: honoured, never read.
+    for dtype, kv in ((torch.bfloat16, "auto"), (torch.float32, "fp8_e4m3")):
+        inputs = make_attention_inputs(3, 8, 2, 64, 16, [1, 600, 1025], dtype=dtype,
+                                       kv_cache_dtype=kv, device=DEV, seed=13)
+        inputs = with_strided_caches(inputs, layout)
+        _check_v2(ops, inputs)
+        _check_v1(ops, inputs)
 
 
 def test_max_seq_len_is_only_a_hint(ops):

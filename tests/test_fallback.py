@@ -87,6 +87,17 @@ def test_scratch_larger_than_needed():
     _check(_inputs(case, seed=11, seq_lens=[700, 3, 1025]), max_num_partitions=7)
 
 
+@pytest.mark.parametrize("layout", testing.CACHE_LAYOUTS)
+def test_caches_with_outer_strides_of_a_bigger_tensor(layout):
+    # Caches whose (block, head) strides are not those of a contiguous tensor (vLLM may hand out
+    # views of a bigger allocation): the blocks cannot be gathered one KV head at a time, the
+    # gather must fall back to whole blocks and must not read the NaN around them.
+    for case in (CASES[3], CASES[5]):  # bf16 12/2 heads; fp32 with an fp8 cache
+        inputs = testing.with_strided_caches(_inputs(case, seed=13), layout)
+        assert inputs.key_cache.stride(0) != inputs.key_cache.shape[1] * inputs.key_cache.stride(1)
+        _check(inputs)
+
+
 @pytest.mark.parametrize("seq_lens", [[0, 0], [PARTITION_SIZE * 2]], ids=["all_empty", "full"])
 def test_edge_batches(seq_lens):
     # All rows empty: zeros, never NaN. One row filling its table exactly (no garbage read).
