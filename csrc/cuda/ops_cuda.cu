@@ -1,9 +1,8 @@
 // ops_cuda.cu — torch glue of the CUDA kernels: tensors -> params (csrc/torch_glue/validate.h),
 // CUDA-only checks, stream / device guard, dispatch onto launch.h, and the registration
 // TORCH_LIBRARY_IMPL(paged_attn, CUDA, m) of both overloads of v1, v2 and reshape_and_cache.
+// The overloads' signatures are torch_glue/overloads.h (shared with the CPU kernels).
 //
-// NOTE: outputs are `const at::Tensor&` (the tensor handle is const, its data is written), the
-// same C++ signature as the CPU kernels: the dispatcher requires one signature per op.
 // NOTE: graph-safe. Nothing here reads tensor data on the host (no data checks, no .item(), no
 // sync); launch grids come from shapes only (v2: tmp_out.size(2)), never from seq_lens or
 // max_seq_len. Bad data (block ids, lengths) is the kernels' business: they never read out of
@@ -18,6 +17,7 @@
 #include <optional>
 #include <string>
 
+#include "../torch_glue/overloads.h"
 #include "../torch_glue/validate.h"
 #include "dispatch.cuh"
 #include "launch.h"
@@ -105,70 +105,9 @@ void attention(const char* op, const at::Tensor& out, const at::Tensor* exp_sums
   }
 }
 
-void v1_float(const at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
-              const at::Tensor& value_cache, int64_t num_kv_heads, double scale,
-              const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t block_size,
-              int64_t max_seq_len, const std::optional<at::Tensor>& alibi_slopes,
-              const std::string& kv_cache_dtype, double k_scale, double v_scale, int64_t tp_rank,
-              int64_t blocksparse_local_blocks, int64_t blocksparse_vert_stride,
-              int64_t blocksparse_block_size, int64_t blocksparse_head_sliding_step) {
-  attention("v1", out, nullptr, nullptr, nullptr, query, key_cache, value_cache, num_kv_heads,
-            scale, block_tables, seq_lens, block_size, max_seq_len, alibi_slopes, kv_cache_dtype,
-            ScaleArg{nullptr, k_scale}, ScaleArg{nullptr, v_scale},
-            BlocksparseArgs{tp_rank, blocksparse_local_blocks, blocksparse_vert_stride,
-                            blocksparse_block_size, blocksparse_head_sliding_step});
-}
-
-void v1_tensor(const at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
-               const at::Tensor& value_cache, int64_t num_kv_heads, double scale,
-               const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t block_size,
-               int64_t max_seq_len, const std::optional<at::Tensor>& alibi_slopes,
-               const std::string& kv_cache_dtype, const at::Tensor& k_scale,
-               const at::Tensor& v_scale, int64_t tp_rank, int64_t blocksparse_local_blocks,
-               int64_t blocksparse_vert_stride, int64_t blocksparse_block_size,
-               int64_t blocksparse_head_sliding_step) {
-  attention("v1", out, nullptr, nullptr, nullptr, query, key_cache, value_cache, num_kv_heads,
-            scale, block_tables, seq_lens, block_size, max_seq_len, alibi_slopes, kv_cache_dtype,
-            ScaleArg{&k_scale, 1.0}, ScaleArg{&v_scale, 1.0},
-            BlocksparseArgs{tp_rank, blocksparse_local_blocks, blocksparse_vert_stride,
-                            blocksparse_block_size, blocksparse_head_sliding_step});
-}
-
-void v2_float(const at::Tensor& out, const at::Tensor& exp_sums, const at::Tensor& max_logits,
-              const at::Tensor& tmp_out,
-              const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
-              int64_t num_kv_heads, double scale, const at::Tensor& block_tables,
-              const at::Tensor& seq_lens, int64_t block_size, int64_t max_seq_len,
-              const std::optional<at::Tensor>& alibi_slopes, const std::string& kv_cache_dtype,
-              double k_scale, double v_scale, int64_t tp_rank, int64_t blocksparse_local_blocks,
-              int64_t blocksparse_vert_stride, int64_t blocksparse_block_size,
-              int64_t blocksparse_head_sliding_step) {
-  attention("v2", out, &exp_sums, &max_logits, &tmp_out, query, key_cache, value_cache,
-            num_kv_heads, scale, block_tables, seq_lens, block_size, max_seq_len, alibi_slopes,
-            kv_cache_dtype, ScaleArg{nullptr, k_scale}, ScaleArg{nullptr, v_scale},
-            BlocksparseArgs{tp_rank, blocksparse_local_blocks, blocksparse_vert_stride,
-                            blocksparse_block_size, blocksparse_head_sliding_step});
-}
-
-void v2_tensor(const at::Tensor& out, const at::Tensor& exp_sums,
-               const at::Tensor& max_logits, const at::Tensor& tmp_out, const at::Tensor& query, const at::Tensor& key_cache,
-               const at::Tensor& value_cache, int64_t num_kv_heads, double scale,
-               const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t block_size,
-               int64_t max_seq_len, const std::optional<at::Tensor>& alibi_slopes,
-               const std::string& kv_cache_dtype, const at::Tensor& k_scale,
-               const at::Tensor& v_scale, int64_t tp_rank, int64_t blocksparse_local_blocks,
-               int64_t blocksparse_vert_stride, int64_t blocksparse_block_size,
-               int64_t blocksparse_head_sliding_step) {
-  attention("v2", out, &exp_sums, &max_logits, &tmp_out, query, key_cache, value_cache,
-            num_kv_heads, scale, block_tables, seq_lens, block_size, max_seq_len, alibi_slopes,
-            kv_cache_dtype, ScaleArg{&k_scale, 1.0}, ScaleArg{&v_scale, 1.0},
-            BlocksparseArgs{tp_rank, blocksparse_local_blocks, blocksparse_vert_stride,
-                            blocksparse_block_size, blocksparse_head_sliding_step});
-}
-
-void cache_impl(const at::Tensor& key, const at::Tensor& value, const at::Tensor& key_cache,
-                const at::Tensor& value_cache, const at::Tensor& slot_mapping,
-                const std::string& kv_cache_dtype, ScaleArg k_scale, ScaleArg v_scale) {
+void cache(const at::Tensor& key, const at::Tensor& value, const at::Tensor& key_cache,
+           const at::Tensor& value_cache, const at::Tensor& slot_mapping,
+           const std::string& kv_cache_dtype, ScaleArg k_scale, ScaleArg v_scale) {
   const c10::cuda::CUDAGuard device_guard(key.device());
   const ReshapeAndCacheParams p =
       make_cache_params("reshape_and_cache", key, value, key_cache, value_cache, slot_mapping,
@@ -180,29 +119,17 @@ void cache_impl(const at::Tensor& key, const at::Tensor& value, const at::Tensor
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-void cache_float(const at::Tensor& key, const at::Tensor& value, const at::Tensor& key_cache,
-                 const at::Tensor& value_cache, const at::Tensor& slot_mapping,
-                 const std::string& kv_cache_dtype, double k_scale, double v_scale) {
-  cache_impl(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
-             ScaleArg{nullptr, k_scale}, ScaleArg{nullptr, v_scale});
-}
-
-void cache_tensor(const at::Tensor& key, const at::Tensor& value, const at::Tensor& key_cache,
-                  const at::Tensor& value_cache, const at::Tensor& slot_mapping,
-                  const std::string& kv_cache_dtype, const at::Tensor& k_scale,
-                  const at::Tensor& v_scale) {
-  cache_impl(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
-             ScaleArg{&k_scale, 1.0}, ScaleArg{&v_scale, 1.0});
-}
-
 }  // namespace
 }  // namespace paged_attn
 
 TORCH_LIBRARY_IMPL(paged_attn, CUDA, m) {
-  m.impl("v1.scale_tensor", TORCH_FN(paged_attn::v1_tensor));
-  m.impl("v1", TORCH_FN(paged_attn::v1_float));
-  m.impl("v2.scale_tensor", TORCH_FN(paged_attn::v2_tensor));
-  m.impl("v2", TORCH_FN(paged_attn::v2_float));
-  m.impl("reshape_and_cache.scale_tensor", TORCH_FN(paged_attn::cache_tensor));
-  m.impl("reshape_and_cache", TORCH_FN(paged_attn::cache_float));
+  namespace ov = paged_attn::overloads;
+  using paged_attn::attention;
+  using paged_attn::cache;
+  m.impl("v1.scale_tensor", &ov::v1<attention, const at::Tensor&>);
+  m.impl("v1", &ov::v1<attention, double>);
+  m.impl("v2.scale_tensor", &ov::v2<attention, const at::Tensor&>);
+  m.impl("v2", &ov::v2<attention, double>);
+  m.impl("reshape_and_cache.scale_tensor", &ov::reshape_and_cache<cache, const at::Tensor&>);
+  m.impl("reshape_and_cache", &ov::reshape_and_cache<cache, double>);
 }

@@ -1,0 +1,81 @@
+// overloads.h — the C++ signatures of the schemas in csrc/ops.cpp (v1, v2, reshape_and_cache,
+// each with k_scale / v_scale as `float` or, in the `.scale_tensor` overload, as a tensor),
+// written once for every backend. A backend provides two entry points and registers these
+// templates over them:
+//
+//   void attention(const char* op, const at::Tensor& out, const at::Tensor* exp_sums,
+//                  const at::Tensor* max_logits, const at::Tensor* tmp_out,  // nullptr: v1
+//                  const at::Tensor& query, const at::Tensor& key_cache,
+//                  const at::Tensor& value_cache, int64_t num_kv_heads, double scale,
+//                  const at::Tensor& block_tables, const at::Tensor& seq_lens,
+//                  int64_t block_size, int64_t max_seq_len,
+//                  const std::optional<at::Tensor>& alibi_slopes,
+//                  const std::string& kv_cache_dtype, ScaleArg k_scale, ScaleArg v_scale,
+//                  BlocksparseArgs blocksparse);
+//   void cache(const at::Tensor& key, const at::Tensor& value, const at::Tensor& key_cache,
+//              const at::Tensor& value_cache, const at::Tensor& slot_mapping,
+//              const std::string& kv_cache_dtype, ScaleArg k_scale, ScaleArg v_scale);
+//
+//   m.impl("v1.scale_tensor", &overloads::v1<attention, const at::Tensor&>);
+//   m.impl("v1", &overloads::v1<attention, double>);   // and so on for v2, reshape_and_cache
+//
+// NOTE: outputs are `const at::Tensor&` (the handle is const, the data is written): the
+// dispatcher wants one C++ signature per schema, whichever backend registers it.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <string>
+
+#include "validate.h"
+
+namespace paged_attn {
+namespace overloads {
+
+inline ScaleArg scale_of(const at::Tensor& t) { return ScaleArg{&t, 1.0}; }
+inline ScaleArg scale_of(double v) { return ScaleArg{nullptr, v}; }
+
+// Scale: `const at::Tensor&` (.scale_tensor overload) or `double`.
+template <auto Attention, typename Scale>
+void v1(const at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
+        const at::Tensor& value_cache, int64_t num_kv_heads, double scale,
+        const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t block_size,
+        int64_t max_seq_len, const std::optional<at::Tensor>& alibi_slopes,
+        const std::string& kv_cache_dtype, Scale k_scale, Scale v_scale, int64_t tp_rank,
+        int64_t bs_local_blocks, int64_t bs_vert_stride, int64_t bs_block_size,
+        int64_t bs_head_sliding_step) {
+  Attention("v1", out, nullptr, nullptr, nullptr, query, key_cache, value_cache, num_kv_heads,
+            scale, block_tables, seq_lens, block_size, max_seq_len, alibi_slopes, kv_cache_dtype,
+            scale_of(k_scale), scale_of(v_scale),
+            BlocksparseArgs{tp_rank, bs_local_blocks, bs_vert_stride, bs_block_size,
+                            bs_head_sliding_step});
+}
+
+template <auto Attention, typename Scale>
+void v2(const at::Tensor& out, const at::Tensor& exp_sums, const at::Tensor& max_logits,
+        const at::Tensor& tmp_out, const at::Tensor& query, const at::Tensor& key_cache,
+        const at::Tensor& value_cache, int64_t num_kv_heads, double scale,
+        const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t block_size,
+        int64_t max_seq_len, const std::optional<at::Tensor>& alibi_slopes,
+        const std::string& kv_cache_dtype, Scale k_scale, Scale v_scale, int64_t tp_rank,
+        int64_t bs_local_blocks, int64_t bs_vert_stride, int64_t bs_block_size,
+        int64_t bs_head_sliding_step) {
+  Attention("v2", out, &exp_sums, &max_logits, &tmp_out, query, key_cache, value_cache,
+            num_kv_heads, scale, block_tables, seq_lens, block_size, max_seq_len, alibi_slopes,
+            kv_cache_dtype, scale_of(k_scale), scale_of(v_scale),
+            BlocksparseArgs{tp_rank, bs_local_blocks, bs_vert_stride, bs_block_size,
+                            bs_head_sliding_step});
+}
+
+template <auto Cache, typename Scale>
+void reshape_and_cache(const at::Tensor& key, const at::Tensor& value,
+                       const at::Tensor& key_cache, const at::Tensor& value_cache,
+                       const at::Tensor& slot_mapping, const std::string& kv_cache_dtype,
+                       Scale k_scale, Scale v_scale) {
+  Cache(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, scale_of(k_scale),
+        scale_of(v_scale));
+}
+
+}  // namespace overloads
+}  // namespace paged_attn
