@@ -104,10 +104,14 @@ void paged_attention(const char* op, const PagedAttentionParams& p, const at::Te
   int longest = 0;
   for (int s = 0; s < p.num_seqs; ++s) longest = std::max(longest, p.seq_lens[s]);
   const int P = is_v2 ? p.max_num_partitions : std::max(1, partitions_of(longest));
+  // Partition-major: the KV heads of one partition are consecutive items, so a thread reads
+  // each block's heads (adjacent slices of one block) one after another. Measured against
+  // head-major (two interleaved A/B runs, cold caches): Qwen-like ctx 100k 5-20% faster, Llama
+  // ctx 16k fp32 9-11%, the other shapes within +-5%.
   std::vector<PartitionTask> tasks;
   for (int s = 0; s < p.num_seqs; ++s)
-    for (int kh = 0; kh < p.num_kv_heads; ++kh)
-      for (int part = 0; part < partitions_of(p.seq_lens[s]); ++part)
+    for (int part = 0; part < partitions_of(p.seq_lens[s]); ++part)
+      for (int kh = 0; kh < p.num_kv_heads; ++kh)
         tasks.push_back(PartitionTask{s, kh, part});
 
   // fp32 query [num_seqs, num_heads, head_size] (no copy when it already is one).
