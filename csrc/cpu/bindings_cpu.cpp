@@ -44,13 +44,5 @@ void cache(const at::Tensor& key, const at::Tensor& value, const at::Tensor& key
 }  // namespace paged_attn
 
 TORCH_LIBRARY_IMPL(paged_attn, CPU, m) {
-  namespace ov = paged_attn::overloads;
-  using paged_attn::cpu::attention;
-  using paged_attn::cpu::cache;
-  m.impl("v1.scale_tensor", &ov::v1<attention, const at::Tensor&>);
-  m.impl("v1", &ov::v1<attention, double>);
-  m.impl("v2.scale_tensor", &ov::v2<attention, const at::Tensor&>);
-  m.impl("v2", &ov::v2<attention, double>);
-  m.impl("reshape_and_cache.scale_tensor", &ov::reshape_and_cache<cache, const at::Tensor&>);
-  m.impl("reshape_and_cache", &ov::reshape_and_cache<cache, double>);
+  paged_attn::overloads::register_ops<paged_attn::cpu::attention, paged_attn::cpu::cache>(m);
 }

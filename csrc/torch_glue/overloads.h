@@ -16,14 +16,14 @@
 //              const at::Tensor& value_cache, const at::Tensor& slot_mapping,
 //              const std::string& kv_cache_dtype, ScaleArg k_scale, ScaleArg v_scale);
 //
-//   m.impl("v1.scale_tensor", &overloads::v1<attention, const at::Tensor&>);
-//   m.impl("v1", &overloads::v1<attention, double>);   // and so on for v2, reshape_and_cache
+//   TORCH_LIBRARY_IMPL(paged_attn, CPU, m) { overloads::register_ops<attention, cache>(m); }
 //
 // NOTE: outputs are `const at::Tensor&` (the handle is const, the data is written): the
 // dispatcher wants one C++ signature per schema, whichever backend registers it.
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <torch/library.h>
 
 #include <optional>
 #include <string>
@@ -75,6 +75,17 @@ void reshape_and_cache(const at::Tensor& key, const at::Tensor& value,
                        Scale k_scale, Scale v_scale) {
   Cache(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, scale_of(k_scale),
         scale_of(v_scale));
+}
+
+// Registers both overloads of v1, v2 and reshape_and_cache for the library block's dispatch key.
+template <auto Attention, auto Cache>
+void register_ops(torch::Library& m) {
+  m.impl("v1.scale_tensor", &v1<Attention, const at::Tensor&>);
+  m.impl("v1", &v1<Attention, double>);
+  m.impl("v2.scale_tensor", &v2<Attention, const at::Tensor&>);
+  m.impl("v2", &v2<Attention, double>);
+  m.impl("reshape_and_cache.scale_tensor", &reshape_and_cache<Cache, const at::Tensor&>);
+  m.impl("reshape_and_cache", &reshape_and_cache<Cache, double>);
 }
 
 }  // namespace overloads
