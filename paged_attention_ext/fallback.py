@@ -212,17 +212,17 @@ def _gather_values(ws, value_cache, block_ids, valid, kind):
     g = g.view(parts, seqs, nb, kvh, head_size, block_size)
     valid = valid.view(parts, seqs, nb, 1, 1, block_size)
     order = (0, 1, 3, 4, 2, 5)  # -> [C', S', kvh, d, nb, bs]
+    shape = (parts, seqs, kvh, head_size, nb * block_size)
     if not ws.reuse:  # compiling: inductor fuses mask, permutation and conversion
-        t = torch.where(valid, g.float(), 0.0).permute(order).contiguous()
-    elif g.dtype == torch.float32:  # mask + layout in one pass
-        t = ws.empty("tokens", (parts, seqs, kvh, head_size, nb, block_size), torch.float32)
+        return torch.where(valid, g.float(), 0.0).permute(order).reshape(shape)
+    t = ws.empty("tokens", (parts, seqs, kvh, head_size, nb, block_size), torch.float32)
+    if g.dtype == torch.float32:  # mask + layout in one pass
         torch.bitwise_and(g.view(torch.int32).permute(order), _bit_mask(valid, 4).permute(order),
                           out=t.view(torch.int32))
     else:
         g.view(_SAME_WIDTH_INT[g.element_size()]).bitwise_and_(_bit_mask(valid, g.element_size()))
-        t = ws.empty("tokens", (parts, seqs, kvh, head_size, nb, block_size), torch.float32)
         t.copy_(g.permute(order))
-    return t.view(parts, seqs, kvh, head_size, nb * block_size)
+    return t.view(shape)
 
 
 def _clamped_tables(block_tables, extent_blocks, num_blocks):
