@@ -8,15 +8,7 @@
 // NOTE: each `.scale_tensor` overload is defined BEFORE its float twin: torch.ops picks the first
 // overload that matches, and a tensor passed to a `float` argument would otherwise be converted
 // through __float__ (a host sync) instead of reaching the tensor overload.
-#include <Python.h>
 #include <torch/library.h>
-
-// An importable module with no Python API: `import paged_attention_ext._C` loads this shared
-// library, which runs the static TORCH_LIBRARY registrations below.
-extern "C" PyObject* PyInit__C(void) {
-  static PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
-  return PyModule_Create(&module_def);
-}
 
 TORCH_LIBRARY(paged_attn, m) {
   m.def(

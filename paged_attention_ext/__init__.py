@@ -28,10 +28,27 @@ def extension_loaded() -> bool:
     return EXTENSION_IMPORT_ERROR is None
 
 
+def cpu_kernel() -> str:
+    """The CPU kernel variant that the next CPU call of the ops runs ("avx512-bf16", "avx512",
+    "avx2-fma", "neon" or "scalar"): the best one this CPU executes, unless the environment
+    variable PAGED_ATTN_CPU_KERNEL names another (ValueError if that one cannot run here).
+    "python-fallback" when the compiled extension is not loaded."""
+    if not extension_loaded():
+        return "python-fallback"
+    return _C.cpu_kernel()
+
+
+def cpu_kernel_variants() -> list:
+    """Every CPU kernel variant of this build, best first, as (name, runnable here, why not)."""
+    if not extension_loaded():
+        return []
+    return list(_C.cpu_kernel_variants())
+
+
 # The PyTorch implementation that serves devices with no compiled kernel.
 _register(extension_loaded(), fallback)
 
 from .api import PARTITION_SIZE, allocate_kv_cache, paged_attention, reshape_and_cache  # noqa: E402
 
 __all__ = ["PARTITION_SIZE", "allocate_kv_cache", "paged_attention", "reshape_and_cache",
-           "extension_loaded", "reference"]
+           "extension_loaded", "cpu_kernel", "cpu_kernel_variants", "reference"]

@@ -1,7 +1,9 @@
 """The compiled CPU kernels (csrc/cpu) against the oracle (paged_attention_ext.reference).
 
-Every case runs both CPU kernels: the AVX-512 one (default where the CPU has it) and the portable
-one (PAGED_ATTN_CPU_KERNEL=generic). Inputs come from paged_attention_ext.testing: N(0,1) q/k/v
+Every case runs on every CPU kernel variant of this build (avx512-bf16, avx512, avx2-fma, scalar
+on x86-64; neon, scalar on aarch64) that this CPU executes, each forced with
+PAGED_ATTN_CPU_KERNEL and checked to be the one that runs; a variant the CPU cannot execute is
+skipped with the reason (the NEON variant is also run under qemu by tests/test_cpu_kernel_cross.py). Inputs come from paged_attention_ext.testing: N(0,1) q/k/v
 with a sharp softmax, shuffled block tables with garbage past each row, NaN in every cache slot
 no sequence uses, outputs pre-filled with NaN. v2 is compared on all four outputs (scratch only
 in the partitions a row has), v1 on `out`; reshape_and_cache bit for bit.
@@ -21,15 +23,18 @@ pytestmark = pytest.mark.skipif(not paged_attention_ext.extension_loaded(),
 OPS = torch.ops.paged_attn
 
 
-@pytest.fixture(params=["default", "generic", "avx512_no_bf16_dot"])
+VARIANTS = paged_attention_ext.cpu_kernel_variants()  # [(name, runnable, why_not)], best first
+
+
+@pytest.fixture(params=[name for name, _, _ in VARIANTS] or ["none"])
 def kernel(request, monkeypatch):
-    """Which CPU kernel runs: the launcher reads PAGED_ATTN_CPU_KERNEL on every call. "default"
-    is the best for this CPU (AVX-512, with vdpbf16ps for bf16 caches where the CPU has
-    AVX512_BF16); the others force the paths other CPUs take."""
-    if request.param != "default":
-        monkeypatch.setenv("PAGED_ATTN_CPU_KERNEL", request.param)
-    else:
-        monkeypatch.delenv("PAGED_ATTN_CPU_KERNEL", raising=False)
+    """Which CPU kernel variant runs: the launcher reads PAGED_ATTN_CPU_KERNEL on every call."""
+    status = {name: (ok, why) for name, ok, why in VARIANTS}
+    ok, why = status.get(request.param, (False, "no compiled variants"))
+    if not ok:
+        pytest.skip(f"CPU kernel variant {request.param} cannot run here: {why}")
+    monkeypatch.setenv("PAGED_ATTN_CPU_KERNEL", request.param)
+    assert paged_attention_ext.cpu_kernel() == request.param  # the named kernel, not another
     return request.param
 
 

@@ -3,14 +3,8 @@
 // head. Framework-free (no torch header): the launcher (paged_attention_cpu.cpp) turns tensors
 // into params, runs these items in parallel and merges the partitions.
 //
-// Two implementations with the same contract:
-//   attention_kernel_generic.cpp  portable scalar C++ (any CPU; the correctness baseline)
-//   attention_kernel_avx512.cpp   AVX-512 intrinsics (F + BW + VL), compiled with a per-function
-//                                 target attribute so the rest of the build keeps its baseline ISA;
-//                                 used only when the CPU reports those features at run time.
-//                                 With AVX512_BF16 too, a bf16 cache's QK and PV run on
-//                                 vdpbf16ps (probabilities rounded to bf16 for PV, as vLLM);
-//                                 attention_partition_avx512_no_bf16_dot keeps them in fp32.
+// One algorithm (partition_kernel.h), one small file of vector primitives per instruction set
+// (isa_<name>.cpp), one table of the variants this build holds (kernel_variants.cpp).
 #pragma once
 
 #include <cstddef>
@@ -54,17 +48,29 @@ size_t kernel_scratch_floats(const PagedAttentionParams& p);
 using PartitionKernel = void (*)(const PagedAttentionParams& p, const KernelInputs& in,
                                  PartitionTask task, const PartitionTask* next, float* scratch);
 
-void attention_partition_generic(const PagedAttentionParams& p, const KernelInputs& in,
-                                 PartitionTask task, const PartitionTask* next, float* scratch);
-void attention_partition_avx512(const PagedAttentionParams& p, const KernelInputs& in,
-                                PartitionTask task, const PartitionTask* next, float* scratch);
+// The instruction-set level a variant needs, for capping by the framework's own CPU capability
+// (ATEN_CPU_CAPABILITY=avx2 must keep us off AVX-512 too).
+enum class IsaLevel : int { kBaseline = 0, kAvx2 = 1, kAvx512 = 2 };
 
-void attention_partition_avx512_no_bf16_dot(const PagedAttentionParams& p, const KernelInputs& in,
-                                            PartitionTask task, const PartitionTask* next,
-                                            float* scratch);
+// One compiled variant of the kernel.
+struct KernelVariant {
+  const char* name;        // what info / check / bench print and PAGED_ATTN_CPU_KERNEL takes
+  IsaLevel level;          // capped by the framework's CPU capability
+  bool (*cpu_supports)();  // this CPU can execute it (CPUID on x86, HWCAP on aarch64)
+  PartitionKernel run;
+};
 
-// True when this CPU runs attention_partition_avx512 (AVX-512 F, BW, VL).
-bool cpu_has_avx512();
+// The variants this build holds, best first (the first runnable one is the default).
+// *count receives their number.
+const KernelVariant* kernel_variants(int* count);
+
+// Each ISA file defines, in its own namespace, the kernel entry point and the CPU check.
+#define PA_DECLARE_KERNEL_VARIANT(isa)                                                     \
+  namespace isa {                                                                          \
+  void attention_partition(const PagedAttentionParams& p, const KernelInputs& in,          \
+                           PartitionTask task, const PartitionTask* next, float* scratch); \
+  bool cpu_supports();                                                                     \
+  }
 
 }  // namespace cpu
 }  // namespace paged_attn

@@ -18,30 +18,19 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "../core/compound_state.h"
 #include "../torch_glue/validate.h"
 #include "attention_kernel.h"
+#include "kernel_choice.h"
 
 namespace paged_attn {
 namespace cpu {
 namespace {
 
 int partitions_of(int seq_len) { return (seq_len + kPartitionSize - 1) / kPartitionSize; }
-
-// PAGED_ATTN_CPU_KERNEL=generic forces the portable kernel (tests compare both),
-// =avx512_no_bf16_dot the AVX-512 kernel without its vdpbf16ps variant (the path CPUs without
-// AVX512_BF16 take); default: the AVX-512 kernel when the CPU has it.
-PartitionKernel pick_kernel() {
-  static const bool has_avx512 = cpu_has_avx512();
-  const char* force = std::getenv("PAGED_ATTN_CPU_KERNEL");
-  if (force != nullptr && std::strcmp(force, "generic") == 0) return attention_partition_generic;
-  if (!has_avx512) return attention_partition_generic;
-  if (force != nullptr && std::strcmp(force, "avx512_no_bf16_dot") == 0)
-    return attention_partition_avx512_no_bf16_dot;
-  return attention_partition_avx512;
-}
 
 // Scale of an fp8 cache: the tensor overload's CPU float, else the double; 1 for "auto".
 float cache_scale(const PagedAttentionParams& p, const float* ptr, float value) {
@@ -130,7 +119,10 @@ void paged_attention(const char* op, const PagedAttentionParams& p, const at::Te
   in.part_out = part_out.data_ptr<float>();
   in.num_partitions = P;
 
-  const PartitionKernel kernel = pick_kernel();
+  std::string choice_error;
+  const KernelVariant* variant = choose_variant(&choice_error);
+  TORCH_CHECK_VALUE(variant != nullptr, op, ": ", choice_error);
+  const PartitionKernel kernel = variant->run;
   const size_t scratch_floats = kernel_scratch_floats(p);
   const int64_t n_tasks = static_cast<int64_t>(tasks.size());
   at::parallel_for(0, n_tasks, task_grain(p, n_tasks), [&](int64_t begin, int64_t end) {

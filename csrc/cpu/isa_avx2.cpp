@@ -1,0 +1,248 @@
+// isa_avx2.cpp — the AVX2 + FMA + F16C vector layer of the CPU kernel, variant "avx2-fma" (AMD
+// Zen 1-3, Intel Haswell and later client CPUs: x86-64 CPUs without AVX-512). The 16-lane Vec is
+// two __m256; the Mask a lane range (AVX2 has no mask registers: a full range takes the plain
+// load, a partial one goes through a zeroed 16-element buffer).
+// The algorithm is partition_kernel.h; this file only supplies primitives (contract there).
+#include "kernel_common.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+// Everything below is compiled for AVX2 + FMA + F16C and runs only after cpu_supports().
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+
+namespace paged_attn {
+namespace cpu {
+namespace avx2 {
+
+struct Vec16 {
+  __m256 lo, hi;  // lanes 0-7, 8-15
+};
+
+// 8 fp16 bit patterns (an __m128i) -> 8 floats
+inline __m256 half8(__m128i h) { return _mm256_cvtph_ps(h); }
+
+// 8 e4m3fn bytes (low half of an __m128i) -> 8 floats: S.EEEE.MMM -> fp16 S.0EEEE.MMM0000000 is
+// the value * 2^-8 (subnormals included); times 256 in fp32 is exact. S.1111.111 is NaN.
+inline __m256 e4m3x8(__m128i bytes) {
+  const __m128i w = _mm_cvtepu8_epi16(bytes);
+  const __m128i mag = _mm_and_si128(w, _mm_set1_epi16(0x7F));
+  const __m128i sign = _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8);
+  const __m256 f = _mm256_mul_ps(half8(_mm_or_si128(_mm_slli_epi16(mag, 7), sign)),
+                                 _mm256_set1_ps(256.0f));
+  const __m256i nan = _mm256_cvtepi16_epi32(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7F)));
+  return _mm256_blendv_ps(f, _mm256_set1_ps(NAN), _mm256_castsi256_ps(nan));
+}
+
+// exp(x) for x <= 0: Cephes expf's range reduction and polynomial, times 2^n built in the
+// exponent bits. x < -87.3 (below the smallest normal) gives exactly 0; NaN stays NaN.
+inline __m256 exp8(__m256 x) {
+  const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_NLT_UQ);  // NaN: kept
+  x = _mm256_max_ps(_mm256_set1_ps(-87.3f), x);  // this operand order keeps NaN
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507E-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073E-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894E-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459E-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201E-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i pow2n = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);  // n >= -126
+  return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(pow2n)), keep);
+}
+
+inline float hsum8(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
+inline float hmax8(__m256 v) {
+  const __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(t, _mm_movehdup_ps(t)));
+}
+
+// x = 4 forms of tokens 0-3 (a) and 4-7 (b) -> the 8 token sums in order.
+inline __m256 sum_x4_half(Vec16 a, Vec16 b) {
+  // hadd(hadd(a.lo, a.hi), hadd(b.lo, b.hi)) holds [t0 t2 t4 t6 | t1 t3 t5 t7]
+  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a.lo, a.hi), _mm256_hadd_ps(b.lo, b.hi));
+  return _mm256_permutevar8x32_ps(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+struct Isa {
+  using Vec = Vec16;
+  using Mask = LaneRange;
+
+  // Register tiles (16 ymm = 8 Vec): QK gt * qk_vecs accumulators + K vectors + q; PV
+  // gt * pv_dims accumulators + gt probabilities + one V row.
+  static constexpr int kQkHeads = 4, kPvHeads = 3;
+  static constexpr int qk_vecs(int gt) { return gt == 1 ? 4 : gt == 2 ? 2 : 1; }
+  static constexpr int pv_dims(int gt, bool /*wide*/) { return gt == 1 ? 4 : gt == 2 ? 2 : 1; }
+  static constexpr bool kHasBf16Dot = false;
+
+  static Mask lanes(int lo, int hi) { return lane_range(lo, hi); }
+  static Vec zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+  static Vec set1(float v) { return {_mm256_set1_ps(v), _mm256_set1_ps(v)}; }
+  static Vec add(Vec a, Vec b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+  static Vec sub(Vec a, Vec b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+  static Vec mul(Vec a, Vec b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+  static Vec max(Vec a, Vec b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
+  static Vec fmadd(Vec a, Vec b, Vec c) {
+    return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+  }
+  static Vec loadu(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+  static Vec load(const float* p, Mask m) {
+    if (m.full()) return loadu(p);
+    alignas(32) float tmp[16];
+    copy_lanes(tmp, p, m);
+    return loadu(tmp);
+  }
+  static Vec load_or(const float* p, Mask m, float fill) {
+    if (m.full()) return loadu(p);
+    alignas(32) float tmp[16];
+    std::fill(tmp, tmp + 16, fill);
+    if (!m.empty()) std::memcpy(tmp + m.lo, p + m.lo, (m.hi - m.lo) * sizeof(float));
+    return loadu(tmp);
+  }
+  static void store(float* p, Vec v, Mask m) {
+    if (m.full()) {
+      _mm256_storeu_ps(p, v.lo);
+      _mm256_storeu_ps(p + 8, v.hi);
+      return;
+    }
+    alignas(32) float tmp[16];
+    _mm256_store_ps(tmp, v.lo);
+    _mm256_store_ps(tmp + 8, v.hi);
+    if (!m.empty()) std::memcpy(p + m.lo, tmp + m.lo, (m.hi - m.lo) * sizeof(float));
+  }
+  static Vec select(Mask m, Vec v) {
+    if (m.full()) return v;
+    const __m256i lo = _mm256_set1_epi32(m.lo - 1), hi = _mm256_set1_epi32(m.hi);
+    const __m256i i0 = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i i1 = _mm256_add_epi32(i0, _mm256_set1_epi32(8));
+    const __m256i k0 = _mm256_and_si256(_mm256_cmpgt_epi32(i0, lo), _mm256_cmpgt_epi32(hi, i0));
+    const __m256i k1 = _mm256_and_si256(_mm256_cmpgt_epi32(i1, lo), _mm256_cmpgt_epi32(hi, i1));
+    return {_mm256_and_ps(v.lo, _mm256_castsi256_ps(k0)),
+            _mm256_and_ps(v.hi, _mm256_castsi256_ps(k1))};
+  }
+  static float reduce_add(Vec v) { return hsum8(_mm256_add_ps(v.lo, v.hi)); }
+  static float reduce_max(Vec v) { return hmax8(_mm256_max_ps(v.lo, v.hi)); }
+  static void reduce4(Vec a, Vec b, Vec c, Vec d, float scale, float* out) {
+    const __m256 ab = _mm256_hadd_ps(_mm256_add_ps(a.lo, a.hi), _mm256_add_ps(b.lo, b.hi));
+    const __m256 cd = _mm256_hadd_ps(_mm256_add_ps(c.lo, c.hi), _mm256_add_ps(d.lo, d.hi));
+    const __m256 h = _mm256_hadd_ps(ab, cd);  // [a b c d | a b c d] partial sums
+    const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    _mm_storeu_ps(out, _mm_mul_ps(sums, _mm_set1_ps(scale)));
+  }
+
+  // 16 cache elements, all readable.
+  template <typename Cache>
+  static Vec load_cache_full(const typename Cache::storage* p) {
+    if constexpr (std::is_same_v<Cache, F32>) {
+      return loadu(p);
+    } else if constexpr (std::is_same_v<Cache, F16>) {
+      return {half8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+              half8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))};
+    } else if constexpr (std::is_base_of_v<BF16, Cache>) {  // bf16 bits are fp32's top half
+      const __m256i a = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+      const __m256i b = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
+      return {_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)),
+              _mm256_castsi256_ps(_mm256_slli_epi32(b, 16))};
+    } else if constexpr (std::is_same_v<Cache, E5M2>) {  // an e5m2 byte is an fp16's top byte
+      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+      return {half8(_mm_slli_epi16(_mm_cvtepu8_epi16(bytes), 8)),
+              half8(_mm_slli_epi16(_mm_cvtepu8_epi16(_mm_srli_si128(bytes, 8)), 8))};
+    } else {
+      static_assert(std::is_same_v<Cache, E4M3>);
+      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+      return {e4m3x8(bytes), e4m3x8(_mm_srli_si128(bytes, 8))};
+    }
+  }
+  template <typename Cache>
+  static Vec load_cache(const typename Cache::storage* p, Mask m) {
+    if (m.full()) return load_cache_full<Cache>(p);
+    alignas(32) typename Cache::storage tmp[16];
+    copy_lanes(tmp, p, m);
+    return load_cache_full<Cache>(tmp);
+  }
+
+  static Vec exp(Vec x) { return {exp8(x.lo), exp8(x.hi)}; }
+
+  template <int X>
+  static Vec q_row(const float* q) {
+    if constexpr (X == 4) {
+      const __m256 v = _mm256_broadcast_ps(reinterpret_cast<const __m128*>(q));
+      return {v, v};
+    } else if constexpr (X == 8) {
+      const __m256 v = _mm256_loadu_ps(q);
+      return {v, v};
+    } else {
+      return loadu(q);
+    }
+  }
+
+  // x = 16 pair: a = token 0, b = token 1 -> x = 8 form [t0 | t1].
+  static Vec fold16(Vec a, Vec b) { return {_mm256_add_ps(a.lo, a.hi), _mm256_add_ps(b.lo, b.hi)}; }
+  // x = 8 pair: a = [t0 | t1], b = [t2 | t3] -> x = 4 form [t0 t1 t2 t3].
+  static Vec fold8(Vec a, Vec b) {
+    return {_mm256_add_ps(_mm256_permute2f128_ps(a.lo, a.hi, 0x20),
+                          _mm256_permute2f128_ps(a.lo, a.hi, 0x31)),
+            _mm256_add_ps(_mm256_permute2f128_ps(b.lo, b.hi, 0x20),
+                          _mm256_permute2f128_ps(b.lo, b.hi, 0x31))};
+  }
+  // x = 4 forms of tokens 0-3, 4-7, 8-11, 12-15 -> the 16 token sums in token order.
+  static Vec sum_x4(Vec a, Vec b, Vec c, Vec d) { return {sum_x4_half(a, b), sum_x4_half(c, d)}; }
+};
+
+}  // namespace avx2
+}  // namespace cpu
+}  // namespace paged_attn
+
+#define PA_ISA avx2
+#include "partition_kernel.h"
+#undef PA_ISA
+
+namespace paged_attn {
+namespace cpu {
+namespace avx2 {
+
+void attention_partition(const PagedAttentionParams& p, const KernelInputs& in,
+                         PartitionTask task, const PartitionTask* next, float* scratch) {
+  run_any_cache(p, in, task, next, scratch, /*bf16_dot=*/false);
+}
+
+}  // namespace avx2
+}  // namespace cpu
+}  // namespace paged_attn
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+namespace paged_attn {
+namespace cpu {
+namespace avx2 {
+
+bool cpu_supports() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+}
+
+}  // namespace avx2
+}  // namespace cpu
+}  // namespace paged_attn
+
+#endif  // x86-64

@@ -1,0 +1,304 @@
+// isa_avx512.cpp — the AVX-512 (F + BW + VL + DQ) vector layer of the CPU kernel, and two
+// variants built on it: "avx512-bf16" (a bf16 cache's QK and PV on vdpbf16ps, CPUs with
+// AVX512_BF16) and "avx512". One __m512 is the 16-lane Vec, __mmask16 the Mask.
+// The algorithm is partition_kernel.h; this file only supplies primitives (contract there).
+#include "kernel_common.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+// Everything below is compiled for AVX-512 and runs only after cpu_supports().
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12, inside _mm512_reduce_* / masks
+#endif
+
+// The bf16 dot-product functions, compiled with AVX512_BF16 too (run only by "avx512-bf16").
+#define PA_AVX512_BF16 \
+  __attribute__((noinline, target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,avx512bf16")))
+
+namespace paged_attn {
+namespace cpu {
+namespace avx512 {
+
+inline __mmask16 lane_mask(int lo, int hi) {  // lanes [lo, hi) of 16, clamped
+  const LaneRange r = lane_range(lo, hi);
+  if (r.empty()) return 0;
+  return static_cast<__mmask16>(((1u << r.hi) - 1u) & ~((1u << r.lo) - 1u));
+}
+
+// [sum(a), sum(b), sum(c), sum(d)]
+inline __m128 sum4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+  const __m512 u = _mm512_add_ps(
+      _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))),
+      _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))));
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(u), _mm512_extractf32x8_ps(u, 1));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+struct Isa {
+  using Vec = __m512;
+  using Mask = __mmask16;
+
+  // Register tiles (32 zmm): QK holds gt * qk_vecs accumulators + qk_vecs K vectors + q;
+  // PV gt * pv_dims accumulators + gt probabilities + one V row.
+  static constexpr int kQkHeads = 6, kPvHeads = 6;
+  static constexpr int qk_vecs(int gt) { return gt <= 2 ? 8 : 4; }
+  static constexpr int pv_dims(int gt, bool wide) { return wide && gt <= 2 ? 8 : 4; }
+  static constexpr bool kHasBf16Dot = true;
+
+  static Mask lanes(int lo, int hi) { return lane_mask(lo, hi); }
+  static Vec zero() { return _mm512_setzero_ps(); }
+  static Vec set1(float v) { return _mm512_set1_ps(v); }
+  static Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+  static Vec sub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
+  static Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+  static Vec max(Vec a, Vec b) { return _mm512_max_ps(a, b); }
+  static Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+  static Vec load(const float* p, Mask m) { return _mm512_maskz_loadu_ps(m, p); }
+  static Vec load_or(const float* p, Mask m, float fill) {
+    return _mm512_mask_loadu_ps(_mm512_set1_ps(fill), m, p);
+  }
+  static void store(float* p, Vec v, Mask m) { _mm512_mask_storeu_ps(p, m, v); }
+  static Vec select(Mask m, Vec v) { return _mm512_maskz_mov_ps(m, v); }
+  static float reduce_add(Vec v) { return _mm512_reduce_add_ps(v); }
+  static float reduce_max(Vec v) { return _mm512_reduce_max_ps(v); }
+  static void reduce4(Vec a, Vec b, Vec c, Vec d, float scale, float* out) {
+    _mm_storeu_ps(out, _mm_mul_ps(sum4(a, b, c, d), _mm_set1_ps(scale)));
+  }
+
+  template <typename Cache>
+  static Vec load_cache(const typename Cache::storage* p, Mask m) {
+    if constexpr (std::is_same_v<Cache, F32>) {
+      return _mm512_maskz_loadu_ps(m, p);
+    } else if constexpr (std::is_same_v<Cache, F16>) {
+      return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+    } else if constexpr (std::is_base_of_v<BF16, Cache>) {  // bf16 bits are fp32's top half
+      const __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
+      return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+    } else if constexpr (std::is_same_v<Cache, E5M2>) {  // an e5m2 byte is an fp16's top byte
+      const __m256i w = _mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(m, p));
+      return _mm512_cvtph_ps(_mm256_slli_epi16(w, 8));
+    } else {
+      static_assert(std::is_same_v<Cache, E4M3>);
+      // e4m3fn S.EEEE.MMM -> fp16 S.0EEEE.MMM0000000 is the value * 2^-8 (subnormals included,
+      // and vcvtph2ps ignores DAZ); times 256 in fp32 is exact. S.1111.111 is NaN.
+      const __m256i w = _mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(m, p));
+      const __m256i mag = _mm256_and_si256(w, _mm256_set1_epi16(0x7F));
+      const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8);
+      const __m256i h = _mm256_or_si256(_mm256_slli_epi16(mag, 7), sign);
+      const __m512 f = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
+      const __mmask16 nan = _mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x7F));
+      return _mm512_mask_blend_ps(nan, f, _mm512_set1_ps(NAN));
+    }
+  }
+
+  // exp(x) for x <= 0 (and -inf -> 0, NaN -> NaN): Cephes expf's range reduction and
+  // polynomial, scaled by 2^n with vscalefps (handles underflow to 0). Relative error ~1e-7.
+  static Vec exp(Vec x) {
+    x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);  // this operand order keeps NaN
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 y = _mm512_set1_ps(1.9875691500E-4f);
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507E-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073E-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894E-2f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459E-1f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201E-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(y, n);
+  }
+
+  // q's X dims of K row c broadcast to the x form.
+  template <int X>
+  static Vec q_row(const float* q) {
+    if constexpr (X == 4) return _mm512_broadcast_f32x4(_mm_loadu_ps(q));
+    if constexpr (X == 8) return _mm512_broadcast_f32x8(_mm256_loadu_ps(q));
+    return _mm512_loadu_ps(q);
+  }
+
+  // x = 16 pair: a = token 0, b = token 1 -> x = 8 form [t0 | t1].
+  static Vec fold16(Vec a, Vec b) {
+    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+  }
+  // x = 8 pair: a = [t0 | t1], b = [t2 | t3] -> x = 4 form [t0 t1 t2 t3].
+  static Vec fold8(Vec a, Vec b) {
+    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
+  }
+  // x = 4 forms of tokens 0-3, 4-7, 8-11, 12-15 -> the 16 token sums in token order.
+  static Vec sum_x4(Vec a, Vec b, Vec c, Vec d) {
+    const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+    const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+    const __m512 r = _mm512_add_ps(
+        _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))),
+        _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))));
+    // r lane 4k + j holds token 4j + k
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_ps(order, r);
+  }
+
+  // ---- bf16 dot product (vdpbf16ps), used for BF16Dot caches only ----
+
+  // QK of one block for a bf16 cache: a 32-element vector of a K row holds 4 tokens x 8 dims;
+  // vdpbf16ps sums adjacent dim pairs, so its 16 fp32 lanes are in x = 4 form and 4 of them give
+  // 16 token sums. qb: [GT][D] bf16 bits of the unscaled query (exact: the query is bf16); the
+  // sums are scaled by qk_scale. s.x must be 8.
+  template <int GT>
+  PA_AVX512_BF16 static void qk_bf16dot(const uint16_t* kblk, const uint16_t* qb, float qk_scale,
+                                        const TaskShape& s, float* logits, const char* pf_a,
+                                        const char* pf_b) {
+    constexpr int JT = 4;  // 4 vectors of 32 elements: 16 tokens
+    const int64_t row_bytes = s.kv_bytes / s.C;
+    const __m512 scale = _mm512_set1_ps(qk_scale);
+    for (int j = 0; j < s.R; j += 32 * JT) {
+      __mmask32 m[JT];
+      for (int jt = 0; jt < JT; ++jt) {
+        const int n = std::min(std::max(s.R - j - 32 * jt, 0), 32);
+        m[jt] = n == 32 ? ~__mmask32(0) : static_cast<__mmask32>((1u << n) - 1u);
+      }
+      __m512 acc[GT][JT];
+      for (int g = 0; g < GT; ++g)
+        for (int jt = 0; jt < JT; ++jt) acc[g][jt] = _mm512_setzero_ps();
+      for (int c = 0; c < s.C; ++c) {
+        const uint16_t* kp = kblk + static_cast<int64_t>(c) * s.R + j;
+        if (j == 0) {  // spread the prefetches over this block's compute
+          for (int64_t off = c * row_bytes; off < (c + 1) * row_bytes; off += 64) {
+            if (pf_a) prefetch_l2(pf_a + off);
+            if (pf_b) prefetch_l2(pf_b + off);
+          }
+        }
+        __m512bh kv[JT];
+        for (int jt = 0; jt < JT; ++jt)
+          kv[jt] = (__m512bh)_mm512_maskz_loadu_epi16(m[jt], kp + 32 * jt);
+        for (int g = 0; g < GT; ++g) {
+          const __m512bh qv = (__m512bh)_mm512_broadcast_i32x4(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(qb + g * s.D + c * 8)));
+          for (int jt = 0; jt < JT; ++jt) acc[g][jt] = _mm512_dpbf16_ps(acc[g][jt], kv[jt], qv);
+        }
+      }
+      const int ntok = std::min(32 * JT, s.R - j) / 8;
+      for (int g = 0; g < GT; ++g)
+        _mm512_mask_storeu_ps(
+            logits + g * s.L + j / 8, lane_mask(0, ntok),
+            _mm512_mul_ps(sum_x4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]), scale));
+    }
+  }
+
+  // PV for a bf16 cache: the probabilities rounded to bf16 (as vLLM's P.V in the query dtype;
+  // within testing.tolerances) times V; a 256-bit V row piece holds 16 tokens, and vdpbf16ps
+  // sums adjacent token pairs into 8 fp32 lanes. pb: [GT] rows of bf16 probabilities, row g at
+  // pb + g * 2 * s.L (the logits buffer converted in place by probs_to_bf16).
+  template <int GT, int DT>
+  PA_AVX512_BF16 static void pv_bf16dot(const uint16_t* V, const Span* spans, int nspans,
+                                        const uint16_t* pb, const TaskShape& s, const float* norm,
+                                        float* out, int64_t out_stride, PrefetchStream& pf) {
+    static_assert(DT % 4 == 0, "4 head dims per reduction");
+    const int64_t pstride = 2 * static_cast<int64_t>(s.L);
+    for (int d0 = 0; d0 < s.D; d0 += DT) {
+      __m256 acc[GT][DT];
+      for (int g = 0; g < GT; ++g)
+        for (int dt = 0; dt < DT; ++dt) acc[g][dt] = _mm256_setzero_ps();
+      for (int i = 0; i < nspans; ++i) {
+        const Span& sp = spans[i];
+        pf.step();
+        const uint16_t* vb = V + sp.offset + static_cast<int64_t>(d0) * s.bs;
+        for (int tc = sp.lo & ~15; tc < sp.hi; tc += 16) {
+          const __mmask16 m = lane_mask(sp.lo - tc, sp.hi - tc);
+          __m256bh pv[GT];
+          for (int g = 0; g < GT; ++g)
+            pv[g] = (__m256bh)_mm256_maskz_loadu_epi16(m, pb + g * pstride + sp.buf + tc);
+          for (int dt = 0; dt < DT; ++dt) {
+            const __m256bh vr =
+                (__m256bh)_mm256_maskz_loadu_epi16(m, vb + static_cast<int64_t>(dt) * s.bs + tc);
+            for (int g = 0; g < GT; ++g) acc[g][dt] = _mm256_dpbf16_ps(acc[g][dt], vr, pv[g]);
+          }
+        }
+      }
+      for (int g = 0; g < GT; ++g) {
+        const __m128 scale = _mm_set1_ps(norm[g]);
+        for (int dt = 0; dt < DT; dt += 4) {  // [sum acc[g][dt + k]] for k < 4
+          const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(acc[g][dt], acc[g][dt + 1]),
+                                          _mm256_hadd_ps(acc[g][dt + 2], acc[g][dt + 3]));
+          const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+          _mm_storeu_ps(out + g * out_stride + d0 + dt, _mm_mul_ps(sums, scale));
+        }
+      }
+    }
+  }
+
+  // p[lo, hi) of one head, fp32 -> bf16 (round to nearest even) in place: bf16 element i lands
+  // at byte 2i, below the fp32 elements still to read. Lanes outside [lo, hi) become 0.
+  PA_AVX512_BF16 static void probs_to_bf16(float* buf, int lo, int hi) {
+    auto* pb = reinterpret_cast<uint16_t*>(buf);
+    for (int i = lo & ~15; i < hi; i += 16) {
+      const __m256bh h =
+          _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(lane_mask(lo - i, hi - i), buf + i));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb + i), (__m256i)h);
+    }
+  }
+};
+
+}  // namespace avx512
+}  // namespace cpu
+}  // namespace paged_attn
+
+#define PA_ISA avx512
+#include "partition_kernel.h"
+#undef PA_ISA
+
+namespace paged_attn {
+namespace cpu {
+namespace avx512 {
+
+void attention_partition(const PagedAttentionParams& p, const KernelInputs& in,
+                         PartitionTask task, const PartitionTask* next, float* scratch) {
+  run_any_cache(p, in, task, next, scratch, /*bf16_dot=*/false);
+}
+
+}  // namespace avx512
+
+namespace avx512_bf16 {
+
+void attention_partition(const PagedAttentionParams& p, const KernelInputs& in,
+                         PartitionTask task, const PartitionTask* next, float* scratch) {
+  avx512::run_any_cache(p, in, task, next, scratch, /*bf16_dot=*/true);
+}
+
+}  // namespace avx512_bf16
+}  // namespace cpu
+}  // namespace paged_attn
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+namespace paged_attn {
+namespace cpu {
+
+namespace avx512 {
+bool cpu_supports() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+}
+}  // namespace avx512
+
+namespace avx512_bf16 {
+bool cpu_supports() { return avx512::cpu_supports() && __builtin_cpu_supports("avx512bf16"); }
+}  // namespace avx512_bf16
+
+}  // namespace cpu
+}  // namespace paged_attn
+
+#endif  // x86-64

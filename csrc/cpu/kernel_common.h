@@ -1,0 +1,106 @@
+// kernel_common.h — what every ISA file shares and must see BEFORE its target pragma: the
+// standard headers, the kernel interface, the scalar cache decoders, and the ISA-neutral pieces
+// of the partition kernel (its scratch layout, block spans, prefetch stream, lane ranges).
+// Everything here is compiled for the build's baseline ISA, so no inline function of a standard
+// header is ever emitted with a newer ISA's instructions (the linker could pick that copy for
+// code that runs before the run-time check).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "attention_kernel.h"
+#include "cache_element.h"
+
+namespace paged_attn {
+namespace cpu {
+
+// bf16 cache whose QK and PV run on a bf16 dot-product instruction (an ISA may offer it: see
+// Isa::kHasBf16Dot in partition_kernel.h). Its scalar decode is BF16's.
+struct BF16Dot : BF16 {};
+
+// Lanes [lo, hi) of a 16-lane vector, clamped: the mask of ISAs without mask registers.
+struct LaneRange {
+  int lo, hi;
+  bool full() const { return lo == 0 && hi == 16; }
+  bool empty() const { return hi <= lo; }
+};
+
+inline LaneRange lane_range(int lo, int hi) {
+  return LaneRange{std::max(lo, 0), std::min(hi, 16)};
+}
+
+// Copies lanes [r.lo, r.hi) of src into a 16-element dst zeroed elsewhere (reads nothing else).
+template <typename T>
+inline void copy_lanes(T* dst, const T* src, LaneRange r) {
+  std::memset(dst, 0, 16 * sizeof(T));
+  if (!r.empty()) std::memcpy(dst + r.lo, src + r.lo, (r.hi - r.lo) * sizeof(T));
+}
+
+// Prefetch into L2 (prefetcht1 on x86, PRFM PLDL2KEEP on aarch64).
+inline void prefetch_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
+
+// One block of the partition: where its [kv_head] slice starts and which slots are ours.
+struct Span {
+  int64_t offset;  // elements from the cache base: block * kv_block_stride + kv_head * stride
+  int lo, hi;      // slots [lo, hi) belong to the partition (and are < seq_len)
+  int buf;         // index in the logits buffer of slot 0 of this block
+};
+
+struct TaskShape {
+  int D, bs, x, C, R;  // head size, block size, x, K rows D / x, K row length bs * x
+  int L;               // logits buffer stride per head
+  int64_t kv_bytes;    // bytes of one block's [kv_head] slice of K (or V)
+};
+
+// Logits buffer stride per head: a partition's slots plus a block of slack on each side, padded
+// to 16 floats.
+inline int logits_stride(int block_size) {
+  return (kPartitionSize + 2 * block_size + 16 + 15) & ~15;
+}
+
+inline int max_spans_of(int block_size) { return kPartitionSize / block_size + 2; }
+
+// Cache lines of a list of blocks, prefetched into L2 a few lines per step(): spreads the next
+// work item's K over this item's PV loop (a burst would stall on the miss buffers).
+struct PrefetchStream {
+  const char* const* blocks = nullptr;
+  int nblocks = 0;
+  int64_t block_bytes = 0;
+  int lines_per_step = 0;
+  int b = 0;
+  int64_t off = 0;
+  void step() {
+    for (int k = 0; k < lines_per_step && b < nblocks; ++k) {
+      prefetch_l2(blocks[b] + off);
+      off += 64;
+      if (off >= block_bytes) off = 0, ++b;
+    }
+  }
+};
+
+// The blocks of the partition of `task` (tokens [t_begin, t_end)); returns their count.
+inline int partition_spans(const PagedAttentionParams& p, PartitionTask task, int bs,
+                           Span* spans) {
+  const int seq_len = p.seq_lens[task.seq];
+  const int t_begin = task.partition * kPartitionSize;
+  const int t_end = std::min(seq_len, t_begin + kPartitionSize);
+  const int b_first = t_begin / bs, b_last = (t_end - 1) / bs;
+  const int32_t* table = p.block_tables + static_cast<int64_t>(task.seq) * p.max_blocks_per_seq;
+  const int64_t head_off = static_cast<int64_t>(task.kv_head) * p.kv_head_stride;
+  int n = 0;
+  for (int b = b_first; b <= b_last; ++b, ++n) {
+    Span& sp = spans[n];
+    sp.offset = static_cast<int64_t>(table[b]) * p.kv_block_stride + head_off;  // NOTE: 64-bit
+    sp.lo = std::max(t_begin - b * bs, 0);
+    sp.hi = std::min(t_end - b * bs, bs);
+    sp.buf = n * bs;
+  }
+  return n;
+}
+
+}  // namespace cpu
+}  // namespace paged_attn

@@ -1,0 +1,52 @@
+// kernel_variants.cpp — THE list of CPU kernel variants this build holds, best first: the
+// launcher runs the first one the CPU supports (capped by the framework's CPU capability) unless
+// PAGED_ATTN_CPU_KERNEL names another. Adding an ISA: its isa_<name>.cpp and one line here.
+#include "attention_kernel.h"
+#include "kernel_common.h"
+
+namespace paged_attn {
+namespace cpu {
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define PA_X86_64 1
+PA_DECLARE_KERNEL_VARIANT(avx512_bf16)
+PA_DECLARE_KERNEL_VARIANT(avx512)
+PA_DECLARE_KERNEL_VARIANT(avx2)
+#endif
+#if defined(__aarch64__)
+#define PA_AARCH64 1
+PA_DECLARE_KERNEL_VARIANT(neon)
+#endif
+PA_DECLARE_KERNEL_VARIANT(scalar)
+
+namespace {
+const KernelVariant kVariants[] = {
+#ifdef PA_X86_64
+    {"avx512-bf16", IsaLevel::kAvx512, avx512_bf16::cpu_supports, avx512_bf16::attention_partition},
+    {"avx512", IsaLevel::kAvx512, avx512::cpu_supports, avx512::attention_partition},
+    {"avx2-fma", IsaLevel::kAvx2, avx2::cpu_supports, avx2::attention_partition},
+#endif
+#ifdef PA_AARCH64
+    {"neon", IsaLevel::kBaseline, neon::cpu_supports, neon::attention_partition},
+#endif
+    {"scalar", IsaLevel::kBaseline, scalar::cpu_supports, scalar::attention_partition},
+};
+}  // namespace
+
+const KernelVariant* kernel_variants(int* count) {
+  *count = static_cast<int>(sizeof(kVariants) / sizeof(kVariants[0]));
+  return kVariants;
+}
+
+// Every variant's scratch: see run_partition in partition_kernel.h.
+size_t kernel_scratch_floats(const PagedAttentionParams& p) {
+  const size_t G = p.num_heads / p.num_kv_heads;
+  const size_t L = logits_stride(p.block_size);
+  const size_t max_spans = max_spans_of(p.block_size);
+  const size_t span_floats = (sizeof(Span) + 3) / 4, pointer_floats = (sizeof(char*) + 3) / 4;
+  return G * L + ((G * p.head_size + 15) & ~15) + ((G + 15) & ~15) +
+         max_spans * (2 * span_floats + pointer_floats) + 16;
+}
+
+}  // namespace cpu
+}  // namespace paged_attn

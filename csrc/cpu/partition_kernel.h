@@ -1,0 +1,395 @@
+// partition_kernel.h — THE CPU paged-attention algorithm for one work item (sequence, KV head,
+// 512-token partition), written once against a 16-lane fp32 vector layer.
+//
+// Included by each ISA file (isa_<name>.cpp) inside its target region, after it has defined
+// `struct Isa` in namespace paged_attn::cpu::PA_ISA; everything here lands in that namespace, so
+// every ISA gets its own copy of the code, compiled for that ISA only. The layer's contract:
+//   Vec, Mask          16 fp32 lanes and a lane selection (Mask lanes(lo, hi): [lo, hi), clamped)
+//   zero set1 add sub mul max fmadd(a, b, c) = a * b + c
+//   load(p, m) store(p, v, m) load_or(p, m, fill) select(m, v)   masked fp32 access: lanes
+//                      outside m read nothing (load: 0, load_or: fill) and are not written
+//   load_cache<Cache>(p, m)   16 cache elements -> fp32, lanes outside m read nothing and are 0
+//   exp(v)             e^v for v <= 0 (-inf -> 0, NaN -> NaN)
+//   reduce_add reduce_max    horizontal
+//   reduce4(a, b, c, d, scale, out)   out[0..3] = scale * (sum a, sum b, sum c, sum d)
+//   q_row<X>(q)        X floats repeated over 16 lanes (X = 4, 8, 16)
+//   fold16 fold8 sum_x4      token sums of QK accumulators in "x form" (below)
+//   kQkHeads kPvHeads  most query heads in one register tile of QK / PV
+//   qk_vecs(gt) pv_dims(gt, wide)   K vectors per QK pass / head dims per PV pass for a tile
+//   kHasBf16Dot        true if the layer also supplies qk_bf16dot / pv_bf16dot / probs_to_bf16
+//
+// Algorithm per work item (G query heads share the KV head; head tiles share every K / V load):
+//   spans   the partition's blocks from the block table: 64-bit element offset of the block's
+//           [kv_head] slice and the slot range [lo, hi) of the partition's tokens in it.
+//   QK      one pass over the blocks, every head tile per block (the block's K stays in L1).
+//           K viewed as rows [head_size / x][block_size * x]; a 16-lane vector holds 16 / x
+//           tokens x x dims ("x form"). acc[g][j] += K_vec[j] * (q's x dims of row c,
+//           broadcast, pre-scaled); then fold16 / fold8 / sum_x4 turn the accumulators into
+//           vectors of 16 token logits.
+//   softmax m = max, p = exp(l - m), s = sum p, per head (ALiBi added first).
+//   PV      per head tile and tile of DT head dims, registers acc[g][dt] (16 token lanes each)
+//           accumulate p[g][tokens] * V[d][tokens] over all blocks of the partition; one
+//           horizontal reduction per (g, d) at the end. V rows are [block_size] contiguous per d.
+// Slots outside [lo, hi) are masked to zero in BOTH p and V loads (0 * NaN would be NaN).
+// Prefetch (addresses known from the block tables), all into L2: while scoring block i, block
+// i + 4's K and block i's V, so PV finds the partition's V in L2; during PV, the next work item's
+// K (within an L2 budget), a few lines per step: a burst stalls on the miss buffers and leaves
+// nothing in flight during the compute (docs/CPU_KERNEL.md has the measurements).
+#ifndef PA_ISA
+#error "partition_kernel.h is included by an ISA file that defines PA_ISA and its struct Isa"
+#endif
+
+#include "kernel_common.h"
+
+namespace paged_attn {
+namespace cpu {
+namespace PA_ISA {
+
+using Vec = Isa::Vec;
+using Mask = Isa::Mask;
+
+// Isa, named through a template argument so that the optional members (the bf16 dot product) are
+// looked up only where they are used.
+template <typename Cache>
+struct IsaFor {
+  using type = Isa;
+};
+
+// ---- QK ----
+
+// The 16 * JT / X token sums of JT accumulators in X form, stored to dst[0, ntok).
+template <int X, int JT>
+inline void store_token_sums(const Vec* acc, float* dst, int ntok) {
+  constexpr int N8 = X == 16 ? (JT + 1) / 2 : JT;  // vectors in x = 8 form (or x = 4 if X == 4)
+  constexpr int N4 = X == 4 ? JT : (N8 + 1) / 2;   // vectors in x = 4 form
+  Vec v8[N8], v4[N4 < 4 ? 4 : ((N4 + 3) / 4) * 4];
+  if constexpr (X == 16) {
+    for (int i = 0; i < N8; ++i) v8[i] = Isa::fold16(acc[2 * i], 2 * i + 1 < JT ? acc[2 * i + 1] : Isa::zero());
+  } else {
+    for (int i = 0; i < N8; ++i) v8[i] = acc[i];
+  }
+  if constexpr (X == 4) {
+    for (int i = 0; i < N4; ++i) v4[i] = v8[i];
+  } else {
+    for (int i = 0; i < N4; ++i) v4[i] = Isa::fold8(v8[2 * i], 2 * i + 1 < N8 ? v8[2 * i + 1] : Isa::zero());
+  }
+  constexpr int kPadded = N4 < 4 ? 4 : ((N4 + 3) / 4) * 4;
+  for (int i = N4; i < kPadded; ++i) v4[i] = Isa::zero();
+  for (int i = 0; i < N4; i += 4, ntok -= 16)
+    Isa::store(dst + 4 * i, Isa::sum_x4(v4[i], v4[i + 1], v4[i + 2], v4[i + 3]), Isa::lanes(0, ntok));
+}
+
+// logits[g][slot] for all bs slots of one block, heads [0, GT) of a tile.
+// kblk: [C][R] cache elements; qs: [GT][D] scaled query; logits: [GT][L] at the block's slot 0.
+// JT vectors (16 * JT elements) of each row per pass. pf_a / pf_b (either may be null): blocks
+// prefetched into L2 a row's worth of lines per K row.
+template <typename Cache, int GT, int JT>
+void qk_block(const typename Cache::storage* kblk, const float* qs, const TaskShape& s,
+              float* logits, const char* pf_a, const char* pf_b) {
+  constexpr int X = 16 / static_cast<int>(sizeof(typename Cache::storage));
+  const int64_t row_bytes = s.kv_bytes / s.C;  // bytes of one K row c
+  for (int j = 0; j < s.R; j += 16 * JT) {
+    Mask m[JT];
+    for (int jt = 0; jt < JT; ++jt) m[jt] = Isa::lanes(0, s.R - j - 16 * jt);
+    Vec acc[GT][JT];
+    for (int g = 0; g < GT; ++g)
+      for (int jt = 0; jt < JT; ++jt) acc[g][jt] = Isa::zero();
+    for (int c = 0; c < s.C; ++c) {
+      const auto* kp = kblk + static_cast<int64_t>(c) * s.R + j;
+      if (j == 0) {  // spread the prefetches over this block's compute
+        for (int64_t off = c * row_bytes; off < (c + 1) * row_bytes; off += 64) {
+          if (pf_a) prefetch_l2(pf_a + off);
+          if (pf_b) prefetch_l2(pf_b + off);
+        }
+      }
+      Vec kv[JT];
+      for (int jt = 0; jt < JT; ++jt) kv[jt] = Isa::template load_cache<Cache>(kp + 16 * jt, m[jt]);
+      for (int g = 0; g < GT; ++g) {
+        const Vec qv = Isa::template q_row<X>(qs + g * s.D + c * X);
+        for (int jt = 0; jt < JT; ++jt) acc[g][jt] = Isa::fmadd(kv[jt], qv, acc[g][jt]);
+      }
+    }
+    const int ntok = std::min(16 * JT, s.R - j) / X;
+    for (int g = 0; g < GT; ++g) store_token_sums<X, JT>(acc[g], logits + g * s.L + j / X, ntok);
+  }
+}
+
+// Head tiles: the G heads of a KV head split into the fewest tiles of at most `most` heads,
+// balanced (G = 4 with most = 3: 2 + 2); G = 6 is one tile where six fit.
+inline int tile_heads(int G, int done, int most) {
+  const int remaining = G - done;
+  if (remaining == 6 && most >= 6) return 6;
+  most = std::min(most, 4);
+  const int tiles = (remaining + most - 1) / most;
+  return (remaining + tiles - 1) / tiles;
+}
+
+template <typename Cache, int GT>
+void qk_tile_of(const typename Cache::storage* kblk, const float* qs, float qk_scale,
+                const TaskShape& s, float* logits, const char* pf_a, const char* pf_b) {
+  if constexpr (std::is_same_v<Cache, BF16Dot>) {  // bf16 query, see run_partition
+    IsaFor<Cache>::type::template qk_bf16dot<GT>(kblk, reinterpret_cast<const uint16_t*>(qs), qk_scale, s,
+                                 logits, pf_a, pf_b);
+  } else {
+    (void)qk_scale;  // folded into qs
+    qk_block<Cache, GT, Isa::qk_vecs(GT)>(kblk, qs, s, logits, pf_a, pf_b);
+  }
+}
+
+template <typename Cache>
+void qk_tile(int gt, const typename Cache::storage* kblk, const float* qs, float qk_scale,
+             const TaskShape& s, float* logits, const char* pf_a, const char* pf_b) {
+  switch (gt) {
+    case 1: return qk_tile_of<Cache, 1>(kblk, qs, qk_scale, s, logits, pf_a, pf_b);
+    case 2: return qk_tile_of<Cache, 2>(kblk, qs, qk_scale, s, logits, pf_a, pf_b);
+    case 3: return qk_tile_of<Cache, 3>(kblk, qs, qk_scale, s, logits, pf_a, pf_b);
+    case 4: return qk_tile_of<Cache, 4>(kblk, qs, qk_scale, s, logits, pf_a, pf_b);
+    default:
+      if constexpr (Isa::kQkHeads >= 6) return qk_tile_of<Cache, 6>(kblk, qs, qk_scale, s, logits, pf_a, pf_b);
+  }
+}
+
+// ---- softmax ----
+
+// (m, s) of one head's logits in buf[lo, hi); overwrites them with p = exp(l - m).
+inline void softmax_in_place(float* buf, int lo, int hi, float* m_out, float* s_out) {
+  Vec vmax = Isa::set1(-INFINITY);
+  for (int i = lo & ~15; i < hi; i += 16)
+    vmax = Isa::max(vmax, Isa::load_or(buf + i, Isa::lanes(lo - i, hi - i), -INFINITY));
+  const float mx = Isa::reduce_max(vmax);
+  const Vec vm = Isa::set1(mx);
+  Vec vsum = Isa::zero();
+  for (int i = lo & ~15; i < hi; i += 16) {
+    const Mask m = Isa::lanes(lo - i, hi - i);
+    const Vec p = Isa::select(m, Isa::exp(Isa::sub(Isa::load(buf + i, m), vm)));
+    vsum = Isa::add(vsum, p);
+    Isa::store(buf + i, p, m);
+  }
+  *m_out = mx;
+  *s_out = Isa::reduce_add(vsum);
+}
+
+// ---- PV ----
+
+// out[g][d] = norm[g] * sum over the partition's tokens of p[g][t] * V[t][d], heads [0, GT),
+// head dims in tiles of DT (D % DT == 0). probs: [GT][L]; out row g at out + g * out_stride.
+// pf.step() once per (dim tile, block).
+template <typename Cache, int GT, int DT>
+void pv_tile(const typename Cache::storage* V, const Span* spans, int nspans, const float* probs,
+             const TaskShape& s, const float* norm, float* out, int64_t out_stride,
+             PrefetchStream& pf) {
+  for (int d0 = 0; d0 < s.D; d0 += DT) {
+    Vec acc[GT][DT];
+    for (int g = 0; g < GT; ++g)
+      for (int dt = 0; dt < DT; ++dt) acc[g][dt] = Isa::zero();
+    for (int i = 0; i < nspans; ++i) {
+      const Span& sp = spans[i];
+      pf.step();
+      const auto* vb = V + sp.offset + static_cast<int64_t>(d0) * s.bs;
+      for (int tc = sp.lo & ~15; tc < sp.hi; tc += 16) {
+        const Mask m = Isa::lanes(sp.lo - tc, sp.hi - tc);
+        Vec pv[GT];
+        for (int g = 0; g < GT; ++g) pv[g] = Isa::load(probs + g * s.L + sp.buf + tc, m);
+        for (int dt = 0; dt < DT; ++dt) {
+          const Vec vr = Isa::template load_cache<Cache>(vb + static_cast<int64_t>(dt) * s.bs + tc, m);
+          for (int g = 0; g < GT; ++g) acc[g][dt] = Isa::fmadd(vr, pv[g], acc[g][dt]);
+        }
+      }
+    }
+    for (int g = 0; g < GT; ++g) {
+      float* o = out + g * out_stride + d0;
+      if constexpr (DT % 4 == 0) {
+        for (int dt = 0; dt < DT; dt += 4)
+          Isa::reduce4(acc[g][dt], acc[g][dt + 1], acc[g][dt + 2], acc[g][dt + 3], norm[g], o + dt);
+      } else {
+        for (int dt = 0; dt < DT; ++dt) o[dt] = norm[g] * Isa::reduce_add(acc[g][dt]);
+      }
+    }
+  }
+}
+
+template <typename Cache, int GT>
+void pv_tile_of(const typename Cache::storage* V, const Span* spans, int nspans,
+                const float* probs, const TaskShape& s, const float* norm, float* out,
+                int64_t out_stride, PrefetchStream& pf) {
+  const bool wide = s.D % 8 == 0;
+  if constexpr (std::is_same_v<Cache, BF16Dot>) {  // probabilities in bf16, see probs_to_bf16
+    const auto* pb = reinterpret_cast<const uint16_t*>(probs);
+    if (wide && Isa::pv_dims(GT, true) == 8)
+      return IsaFor<Cache>::type::template pv_bf16dot<GT, 8>(V, spans, nspans, pb, s, norm, out, out_stride, pf);
+    return IsaFor<Cache>::type::template pv_bf16dot<GT, 4>(V, spans, nspans, pb, s, norm, out, out_stride, pf);
+  } else {
+    constexpr int kWide = Isa::pv_dims(GT, true), kNarrow = Isa::pv_dims(GT, false);
+    if (wide && kWide != kNarrow)
+      return pv_tile<Cache, GT, kWide>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
+    return pv_tile<Cache, GT, kNarrow>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
+  }
+}
+
+template <typename Cache>
+void pv_heads(int gt, const typename Cache::storage* V, const Span* spans, int nspans,
+              const float* probs, const TaskShape& s, const float* norm, float* out,
+              int64_t out_stride, PrefetchStream& pf) {
+  switch (gt) {
+    case 1: return pv_tile_of<Cache, 1>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
+    case 2: return pv_tile_of<Cache, 2>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
+    case 3: return pv_tile_of<Cache, 3>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
+    case 4:
+      if constexpr (Isa::kPvHeads >= 4)
+        return pv_tile_of<Cache, 4>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
+      return;
+    default:
+      if constexpr (Isa::kPvHeads >= 6)
+        return pv_tile_of<Cache, 6>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
+  }
+}
+
+// ---- one work item ----
+
+// Bytes of L2 the partition's V and the next work item's K (prefetched during this item's PV)
+// may take together (1 MiB per core on the machines measured; the rest holds K in flight and
+// everything else).
+constexpr int64_t kPrefetchBudget = 384 * 1024;
+
+template <typename Cache>
+void run_partition(const PagedAttentionParams& p, const KernelInputs& in, PartitionTask task,
+                   const PartitionTask* next, float* scratch) {
+  using T = typename Cache::storage;
+  constexpr bool kBf16Dot = std::is_same_v<Cache, BF16Dot>;
+  const T* K = static_cast<const T*>(p.key_cache);
+  const T* V = static_cast<const T*>(p.value_cache);
+  const int G = p.num_heads / p.num_kv_heads;
+  TaskShape s;
+  s.D = p.head_size;
+  s.bs = p.block_size;
+  s.x = p.x;
+  s.C = s.D / s.x;
+  s.R = s.bs * s.x;
+  s.L = logits_stride(s.bs);
+  s.kv_bytes = static_cast<int64_t>(s.D) * s.bs * sizeof(T);
+
+  // scratch (kernel_scratch_floats): logits [G][L] | qs [G][D] | norm [G] | spans [2][max_spans]
+  // (this item's, the next one's) | next K block addresses [max_spans]
+  const int max_spans = max_spans_of(s.bs);
+  float* logits = scratch;
+  float* qs = logits + static_cast<int64_t>(G) * s.L;
+  float* norm = qs + ((static_cast<int64_t>(G) * s.D + 15) & ~15);
+  Span* spans = reinterpret_cast<Span*>(norm + ((G + 15) & ~15));
+  const char** next_k = reinterpret_cast<const char**>(spans + 2 * max_spans);
+  const int nspans = partition_spans(p, task, s.bs, spans);
+
+  // qs[g][d] = qk_scale * q[h0 + g][d]; for BF16Dot, the bf16 bits of q[h0 + g][d] (exact: the
+  // query is bf16, its fp32 copy's top half) and QK scales the sums.
+  const int h0 = task.kv_head * G;
+  const float* q = in.query + (static_cast<int64_t>(task.seq) * p.num_heads + h0) * s.D;
+  if constexpr (kBf16Dot) {
+    auto* qb = reinterpret_cast<uint16_t*>(qs);
+    for (int64_t i = 0; i < static_cast<int64_t>(G) * s.D; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, q + i, sizeof(bits));
+      qb[i] = static_cast<uint16_t>(bits >> 16);
+    }
+  } else {
+    for (int64_t i = 0; i < static_cast<int64_t>(G) * s.D; ++i) qs[i] = in.qk_scale * q[i];
+  }
+
+  // QK, one pass over K for all heads (a block's K stays in L1 across the head tiles).
+  constexpr int kAhead = 4;
+  for (int i = 0; i < std::min(kAhead, nspans); ++i) {
+    const char* k = reinterpret_cast<const char*>(K + spans[i].offset);
+    for (int64_t off = 0; off < s.kv_bytes; off += 64) prefetch_l2(k + off);
+  }
+  for (int i = 0; i < nspans; ++i) {
+    const char* pf_k = i + kAhead < nspans
+                           ? reinterpret_cast<const char*>(K + spans[i + kAhead].offset) : nullptr;
+    const char* pf_v = reinterpret_cast<const char*>(V + spans[i].offset);
+    for (int g0 = 0; g0 < G;) {
+      const int gt = tile_heads(G, g0, Isa::kQkHeads);
+      const float* qs_tile = kBf16Dot ? qs + static_cast<int64_t>(g0) * s.D / 2  // 2 bf16 a float
+                                      : qs + static_cast<int64_t>(g0) * s.D;
+      qk_tile<Cache>(gt, K + spans[i].offset, qs_tile, in.qk_scale, s,
+                     logits + static_cast<int64_t>(g0) * s.L + spans[i].buf, pf_k, pf_v);
+      pf_k = pf_v = nullptr;  // once per block
+      g0 += gt;
+    }
+  }
+
+  // Softmax per head over the partition's tokens; ALiBi bias first.
+  const int seq_len = p.seq_lens[task.seq];
+  const int lo = spans[0].buf + spans[0].lo;
+  const int hi = spans[nspans - 1].buf + spans[nspans - 1].hi;
+  const int t_at_lo = task.partition * kPartitionSize;  // token index of buffer position lo
+  const int64_t row0 = (static_cast<int64_t>(task.seq) * p.num_heads + h0) * in.num_partitions +
+                       task.partition;  // [seq, h0, partition] in the result arrays
+  for (int g = 0; g < G; ++g) {
+    float* l = logits + static_cast<int64_t>(g) * s.L;
+    if (p.alibi_slopes) {
+      const float slope = p.alibi_slopes[h0 + g];
+      for (int b = lo; b < hi; ++b) l[b] += slope * static_cast<float>(t_at_lo + (b - lo) - seq_len + 1);
+    }
+    float mx, sum;
+    softmax_in_place(l, lo, hi, &mx, &sum);
+    if constexpr (kBf16Dot) IsaFor<Cache>::type::probs_to_bf16(l, lo, hi);
+    in.max_logits[row0 + static_cast<int64_t>(g) * in.num_partitions] = mx;
+    in.exp_sums[row0 + static_cast<int64_t>(g) * in.num_partitions] = sum;
+    norm[g] = in.v_scale / sum;  // sum >= 1 (the max term is exp(0))
+  }
+
+  // The next work item's K (what fits in kPrefetchBudget beside this item's V), spread over the
+  // first head tile's PV steps: memory is otherwise idle while PV reads V from L2.
+  PrefetchStream pf;
+  const int64_t next_k_budget = kPrefetchBudget - nspans * s.kv_bytes;
+  if (next != nullptr && next_k_budget >= s.kv_bytes) {
+    Span* next_spans = spans + max_spans;
+    const int n_next = partition_spans(p, *next, s.bs, next_spans);
+    pf.nblocks = static_cast<int>(std::min<int64_t>(n_next, next_k_budget / s.kv_bytes));
+    for (int i = 0; i < pf.nblocks; ++i)
+      next_k[i] = reinterpret_cast<const char*>(K + next_spans[i].offset);
+    pf.blocks = next_k;
+    pf.block_bytes = s.kv_bytes;
+    const int first_tile = tile_heads(G, 0, Isa::kPvHeads);
+    const int steps = s.D / Isa::pv_dims(first_tile, s.D % 8 == 0) * nspans;
+    const int64_t lines = pf.nblocks * ((s.kv_bytes + 63) / 64);
+    pf.lines_per_step = static_cast<int>((lines + steps - 1) / steps);
+  }
+
+  float* out = in.part_out + row0 * s.D;
+  const int64_t out_stride = static_cast<int64_t>(in.num_partitions) * s.D;
+  for (int g0 = 0; g0 < G;) {
+    const int gt = tile_heads(G, g0, Isa::kPvHeads);
+    pv_heads<Cache>(gt, V, spans, nspans, logits + static_cast<int64_t>(g0) * s.L, s, norm + g0,
+                    out + g0 * out_stride, out_stride, pf);
+    g0 += gt;
+  }
+}
+
+// The kernel for every cache kind; bf16_dot: a bf16 cache's QK and PV on the layer's bf16
+// dot-product instruction (only where Isa::kHasBf16Dot and the CPU has it).
+inline void run_any_cache(const PagedAttentionParams& p, const KernelInputs& in,
+                          PartitionTask task, const PartitionTask* next, float* scratch,
+                          bool bf16_dot) {
+  switch (p.cache_kind) {
+    case CacheKind::kFp8E4M3:
+      return run_partition<E4M3>(p, in, task, next, scratch);
+    case CacheKind::kFp8E5M2:
+      return run_partition<E5M2>(p, in, task, next, scratch);
+    case CacheKind::kAuto:
+      break;
+  }
+  switch (p.scalar_kind) {
+    case ScalarKind::kFloat32:
+      return run_partition<F32>(p, in, task, next, scratch);
+    case ScalarKind::kFloat16:
+      return run_partition<F16>(p, in, task, next, scratch);
+    case ScalarKind::kBFloat16:
+      if constexpr (Isa::kHasBf16Dot) {
+        if (bf16_dot && p.x == 8) return run_partition<BF16Dot>(p, in, task, next, scratch);
+      }
+      (void)bf16_dot;
+      return run_partition<BF16>(p, in, task, next, scratch);
+  }
+}
+
+}  // namespace PA_ISA
+}  // namespace cpu
+}  // namespace paged_attn
