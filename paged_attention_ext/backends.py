@@ -47,7 +47,9 @@ class Detection:
     torch_version: str
     torch_cuda: Optional[str]
     cuda_available: bool
-    cpu_capability: str
+    cpu_capability: str  # torch's own SIMD level (ATen kernels), not ours
+    cpu_kernel: str      # the CPU kernel variant our ops run ("avx2-fma", ...) or the error
+    cpu_kernel_variants: list  # [(name, runnable, why_not)] of this build, best first
     extension_loaded: bool
     extension_error: str
     extension_path: str
@@ -56,6 +58,16 @@ class Detection:
     cuda_archs: list = field(default_factory=list)  # archs compiled into _C ("sm_90", ...)
     fallback_available: bool = False
     reference_available: bool = False
+
+
+def _cpu_kernel(package) -> str:
+    """The CPU kernel variant the ops run here, or why none can."""
+    if package is None:
+        return "none (package not importable)"
+    try:
+        return package.cpu_kernel()
+    except ValueError as exc:  # PAGED_ATTN_CPU_KERNEL names a variant that cannot run
+        return f"error: {exc}"
 
 
 def _import(name: str):
@@ -148,6 +160,8 @@ def detect() -> Detection:
         torch_cuda=torch.version.cuda,
         cuda_available=torch.cuda.is_available(),
         cpu_capability=torch.backends.cpu.get_cpu_capability(),
+        cpu_kernel=_cpu_kernel(package),
+        cpu_kernel_variants=package.cpu_kernel_variants() if package is not None else [],
         extension_loaded=ext is not None,
         extension_error=ext_error,
         extension_path=_extension_path(ext) if ext else "",
@@ -187,7 +201,7 @@ def active_backends(det: Optional[Detection] = None) -> list:
     cpu_compiled = all(compiled_kernel(op, "CPU") for op in OPS)
     if cpu_compiled:
         backends.append(Backend("cpu-kernel", "cpu", torch.ops.paged_attn,
-                                f"C++ CPU kernel, SIMD {det.cpu_capability}"))
+                                f"C++ CPU kernel {det.cpu_kernel}"))
         fallback = _fallback_ops()
         if fallback is not None:
             backends.append(Backend("python-fallback", "cpu", fallback, "called directly"))
@@ -218,7 +232,7 @@ def describe(det: Detection) -> list:
     """(topic, text) lines for `info`."""
     lines = [("torch", f"{det.torch_version} (CUDA build: {det.torch_cuda or 'no'}, "
                        f"CUDA device: {'yes' if det.cuda_available else 'no'})"),
-             ("CPU SIMD", det.cpu_capability)]
+             ("torch CPU SIMD", det.cpu_capability)]
     if det.extension_loaded:
         lines.append(("extension _C", f"loaded from {det.extension_path}"))
     else:
@@ -236,8 +250,13 @@ def describe(det: Detection) -> list:
         lines.append((f"paged_attn::{op}", ", ".join(parts) or "no kernels"))
     cpu = all(compiled_kernel(op, "CPU") for op in OPS)
     cuda = all(compiled_kernel(op, "CUDA") for op in OPS)
-    lines.append(("CPU backend", f"compiled kernel, SIMD {det.cpu_capability}" if cpu
+    lines.append(("CPU backend", f"compiled kernel, variant {det.cpu_kernel}" if cpu
                   else "PyTorch fallback (no compiled CPU kernel)"))
+    if cpu:
+        variants = [name if ok else f"{name} (cannot run: {why})"
+                    for name, ok, why in det.cpu_kernel_variants]
+        lines.append(("CPU kernel variants", ", ".join(variants) +
+                      "  [PAGED_ATTN_CPU_KERNEL=<name> forces one]"))
     if cuda:
         archs = ", ".join(det.cuda_archs) or "archs unknown"
         state = "active" if det.cuda_available else "inactive: no CUDA device"

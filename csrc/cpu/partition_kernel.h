@@ -64,17 +64,22 @@ inline void store_token_sums(const Vec* acc, float* dst, int ntok) {
   constexpr int N4 = X == 4 ? JT : (N8 + 1) / 2;   // vectors in x = 4 form
   Vec v8[N8], v4[N4 < 4 ? 4 : ((N4 + 3) / 4) * 4];
   if constexpr (X == 16) {
+#pragma GCC unroll 8
     for (int i = 0; i < N8; ++i) v8[i] = Isa::fold16(acc[2 * i], 2 * i + 1 < JT ? acc[2 * i + 1] : Isa::zero());
   } else {
+#pragma GCC unroll 8
     for (int i = 0; i < N8; ++i) v8[i] = acc[i];
   }
   if constexpr (X == 4) {
+#pragma GCC unroll 8
     for (int i = 0; i < N4; ++i) v4[i] = v8[i];
   } else {
+#pragma GCC unroll 8
     for (int i = 0; i < N4; ++i) v4[i] = Isa::fold8(v8[2 * i], 2 * i + 1 < N8 ? v8[2 * i + 1] : Isa::zero());
   }
   constexpr int kPadded = N4 < 4 ? 4 : ((N4 + 3) / 4) * 4;
   for (int i = N4; i < kPadded; ++i) v4[i] = Isa::zero();
+#pragma GCC unroll 8
   for (int i = 0; i < N4; i += 4, ntok -= 16)
     Isa::store(dst + 4 * i, Isa::sum_x4(v4[i], v4[i + 1], v4[i + 2], v4[i + 3]), Isa::lanes(0, ntok));
 }
@@ -90,9 +95,12 @@ void qk_block(const typename Cache::storage* kblk, const float* qs, const TaskSh
   const int64_t row_bytes = s.kv_bytes / s.C;  // bytes of one K row c
   for (int j = 0; j < s.R; j += 16 * JT) {
     Mask m[JT];
+#pragma GCC unroll 8
     for (int jt = 0; jt < JT; ++jt) m[jt] = Isa::lanes(0, s.R - j - 16 * jt);
     Vec acc[GT][JT];
+#pragma GCC unroll 8
     for (int g = 0; g < GT; ++g)
+#pragma GCC unroll 8
       for (int jt = 0; jt < JT; ++jt) acc[g][jt] = Isa::zero();
     for (int c = 0; c < s.C; ++c) {
       const auto* kp = kblk + static_cast<int64_t>(c) * s.R + j;
@@ -103,13 +111,17 @@ void qk_block(const typename Cache::storage* kblk, const float* qs, const TaskSh
         }
       }
       Vec kv[JT];
+#pragma GCC unroll 8
       for (int jt = 0; jt < JT; ++jt) kv[jt] = Isa::template load_cache<Cache>(kp + 16 * jt, m[jt]);
+#pragma GCC unroll 8
       for (int g = 0; g < GT; ++g) {
         const Vec qv = Isa::template q_row<X>(qs + g * s.D + c * X);
+#pragma GCC unroll 8
         for (int jt = 0; jt < JT; ++jt) acc[g][jt] = Isa::fmadd(kv[jt], qv, acc[g][jt]);
       }
     }
     const int ntok = std::min(16 * JT, s.R - j) / X;
+#pragma GCC unroll 8
     for (int g = 0; g < GT; ++g) store_token_sums<X, JT>(acc[g], logits + g * s.L + j / X, ntok);
   }
 }
@@ -180,7 +192,9 @@ void pv_tile(const typename Cache::storage* V, const Span* spans, int nspans, co
              PrefetchStream& pf) {
   for (int d0 = 0; d0 < s.D; d0 += DT) {
     Vec acc[GT][DT];
+#pragma GCC unroll 8
     for (int g = 0; g < GT; ++g)
+#pragma GCC unroll 8
       for (int dt = 0; dt < DT; ++dt) acc[g][dt] = Isa::zero();
     for (int i = 0; i < nspans; ++i) {
       const Span& sp = spans[i];
@@ -189,19 +203,25 @@ void pv_tile(const typename Cache::storage* V, const Span* spans, int nspans, co
       for (int tc = sp.lo & ~15; tc < sp.hi; tc += 16) {
         const Mask m = Isa::lanes(sp.lo - tc, sp.hi - tc);
         Vec pv[GT];
+#pragma GCC unroll 8
         for (int g = 0; g < GT; ++g) pv[g] = Isa::load(probs + g * s.L + sp.buf + tc, m);
+#pragma GCC unroll 8
         for (int dt = 0; dt < DT; ++dt) {
           const Vec vr = Isa::template load_cache<Cache>(vb + static_cast<int64_t>(dt) * s.bs + tc, m);
+#pragma GCC unroll 8
           for (int g = 0; g < GT; ++g) acc[g][dt] = Isa::fmadd(vr, pv[g], acc[g][dt]);
         }
       }
     }
+#pragma GCC unroll 8
     for (int g = 0; g < GT; ++g) {
       float* o = out + g * out_stride + d0;
       if constexpr (DT % 4 == 0) {
+#pragma GCC unroll 8
         for (int dt = 0; dt < DT; dt += 4)
           Isa::reduce4(acc[g][dt], acc[g][dt + 1], acc[g][dt + 2], acc[g][dt + 3], norm[g], o + dt);
       } else {
+#pragma GCC unroll 8
         for (int dt = 0; dt < DT; ++dt) o[dt] = norm[g] * Isa::reduce_add(acc[g][dt]);
       }
     }

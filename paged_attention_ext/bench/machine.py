@@ -36,6 +36,16 @@ def omp_wait_policy_at_start() -> str:
         return os.environ.get("OMP_WAIT_POLICY", "unset")
 
 
+def _cpu_kernel() -> str:
+    """The variant of our CPU kernel that the ops run (what the CPU rows measure)."""
+    import paged_attention_ext
+
+    try:
+        return paged_attention_ext.cpu_kernel()
+    except ValueError as exc:
+        return f"error: {exc}"
+
+
 def machine_info(device: str) -> dict:
     info = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -44,6 +54,7 @@ def machine_info(device: str) -> dict:
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_kernel": _cpu_kernel(),
         "omp_wait_policy": omp_wait_policy_at_start(),
         "device": device,
         "op_backend": op_backend_name(device),

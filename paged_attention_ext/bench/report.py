@@ -68,7 +68,8 @@ def header_lines(data: dict) -> list:
     where = m.get("gpu") or f"{m['host_cpu']}, {m['cpu_cores']} cores"
     return [
         f"{m['date']}  {where}  torch {m['torch']}  threads {m['torch_threads']}  "
-        f"SIMD {m['cpu_capability']}  OMP_WAIT_POLICY={m['omp_wait_policy']}",
+        f"torch SIMD {m['cpu_capability']}  our CPU kernel {m.get('cpu_kernel', '?')}  "
+        f"OMP_WAIT_POLICY={m['omp_wait_policy']}",
         f"device {c['device']}  dtype {c['dtype']}  kv_cache_dtype {c['kv_cache_dtype']}  "
         f"mode {c['mode']}  torch.ops.paged_attn runs: {m['op_backend']}",
         f"measured bandwidth: read {bw['read_gbps']:.1f} GB/s (sum), copy {bw['copy_gbps']:.1f} "

@@ -1,0 +1,202 @@
+// driver.cpp — runs the framework-free CPU kernel variants (csrc/cpu) on case files written by
+// tests/test_cpu_kernel_cross.py, with no torch: it builds PagedAttentionParams / KernelInputs,
+// the work items and the partition merge as the launcher does (csrc/cpu/paged_attention_cpu.cpp),
+// single-threaded. scripts/cross_test.sh builds it for the host and for aarch64 (qemu-aarch64).
+//
+// Usage: driver CASE_DIR [VARIANT...]      (no VARIANT: every variant of this build)
+// Prints "<variant>: N cases passed, M failed" per variant (or "skipped" when cpu_supports() is
+// false) and a line per failing case; exits 1 if any case failed, 2 on bad usage / input.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "cpu/attention_kernel.h"
+#include "core/compound_state.h"
+
+using namespace paged_attn;
+using namespace paged_attn::cpu;
+
+namespace {
+
+// One case file (layout: tests/test_cpu_kernel_cross.py's docstring).
+struct Case {
+  std::string name;
+  PagedAttentionParams p{};
+  std::vector<float> query, alibi, want;
+  std::vector<unsigned char> k, v;
+  std::vector<int32_t> tables, lens;
+  float k_scale = 1, v_scale = 1, atol = 0, rtol = 0;
+};
+
+[[noreturn]] void die(const std::string& msg) {
+  std::fprintf(stderr, "driver: %s\n", msg.c_str());
+  std::exit(2);
+}
+
+template <typename T>
+void read_into(std::ifstream& f, std::vector<T>& v, int64_t n, const std::string& path) {
+  v.resize(n);
+  if (!f.read(reinterpret_cast<char*>(v.data()), n * sizeof(T))) die(path + ": truncated");
+}
+
+Case read_case(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  char magic[8];
+  int64_t h[16];
+  float fl[5];
+  if (!f.read(magic, 8) || std::memcmp(magic, "PACASE1", 8) != 0) die(path + ": bad magic");
+  if (!f.read(reinterpret_cast<char*>(h), sizeof h) || !f.read(reinterpret_cast<char*>(fl), sizeof fl))
+    die(path + ": truncated header");
+  Case c;
+  PagedAttentionParams& p = c.p;
+  p.scalar_kind = static_cast<ScalarKind>(h[0]);
+  p.cache_kind = static_cast<CacheKind>(h[1]);
+  p.num_seqs = h[2], p.num_heads = h[3], p.num_kv_heads = h[4], p.head_size = h[5];
+  p.block_size = h[6], p.x = h[7], p.max_blocks_per_seq = h[8], p.num_blocks = h[9];
+  p.kv_block_stride = h[11], p.kv_head_stride = h[12];
+  p.scale = fl[0], c.k_scale = fl[1], c.v_scale = fl[2], c.atol = fl[3], c.rtol = fl[4];
+  p.k_scale = c.k_scale, p.v_scale = c.v_scale;  // float overload: no scale pointers
+  std::vector<char> name;
+  read_into(f, name, h[15], path);
+  c.name.assign(name.begin(), name.end());
+  const int64_t qn = int64_t{p.num_seqs} * p.num_heads * p.head_size;
+  read_into(f, c.query, qn, path);
+  read_into(f, c.k, h[13], path);
+  read_into(f, c.v, h[14], path);
+  read_into(f, c.tables, int64_t{p.num_seqs} * p.max_blocks_per_seq, path);
+  read_into(f, c.lens, p.num_seqs, path);
+  if (h[10]) read_into(f, c.alibi, p.num_heads, path);
+  read_into(f, c.want, qn, path);
+  if (f.peek() != EOF) die(path + ": trailing bytes");
+  p.query = c.query.data();  // as the launcher's fp32 copy: contiguous [S, H, D]
+  p.q_seq_stride = int64_t{p.num_heads} * p.head_size, p.q_head_stride = p.head_size;
+  p.key_cache = c.k.data(), p.value_cache = c.v.data();
+  p.block_tables = c.tables.data(), p.seq_lens = c.lens.data();
+  p.alibi_slopes = h[10] ? c.alibi.data() : nullptr;
+  for (int s = 0; s < p.num_seqs; ++s) p.max_seq_len = std::max(p.max_seq_len, c.lens[s]);
+  return c;
+}
+
+int partitions_of(int seq_len) { return (seq_len + kPartitionSize - 1) / kPartitionSize; }
+
+// Runs one variant on one case as the launcher does; returns "" or what is wrong.
+std::string run_case(const KernelVariant& var, Case& c) {
+  PagedAttentionParams& p = c.p;
+  const int D = p.head_size, P = std::max(1, partitions_of(p.max_seq_len));
+  p.max_num_partitions = P;
+  // Work items: partition-major, one per (seq, partition, kv_head) holding >= 1 token.
+  std::vector<PartitionTask> tasks;
+  for (int s = 0; s < p.num_seqs; ++s)
+    for (int part = 0; part < partitions_of(c.lens[s]); ++part)
+      for (int kh = 0; kh < p.num_kv_heads; ++kh) tasks.push_back(PartitionTask{s, kh, part});
+  // Results and scratch pre-filled with NaN (the launcher's are uninitialised / zeroed): a
+  // kernel that reads what it did not write shows up as NaN.
+  const int64_t rows = int64_t{p.num_seqs} * p.num_heads;
+  std::vector<float> max_logits(rows * P, NAN), exp_sums(rows * P, NAN), part_out(rows * P * D, NAN);
+  std::vector<float> scratch(kernel_scratch_floats(p), NAN);
+  const bool fp8 = p.cache_kind != CacheKind::kAuto;
+  KernelInputs in;
+  in.query = c.query.data();
+  in.qk_scale = p.scale * (fp8 ? c.k_scale : 1.0f);
+  in.v_scale = fp8 ? c.v_scale : 1.0f;
+  in.max_logits = max_logits.data(), in.exp_sums = exp_sums.data();
+  in.part_out = part_out.data(), in.num_partitions = P;
+  for (size_t i = 0; i < tasks.size(); ++i)
+    var.run(p, in, tasks[i], i + 1 < tasks.size() ? &tasks[i + 1] : nullptr, scratch.data());
+
+  // Merge (launcher's merge_partitions) and compare. The launcher then rounds out to the query
+  // dtype once; we compare the fp32 result (testing.tolerances covers that rounding).
+  int64_t bad = 0, worst = -1;
+  double worst_excess = -1, worst_got = 0;
+  std::vector<float> w(P), acc(D);
+  for (int64_t row = 0; row < rows; ++row) {
+    const int n = partitions_of(c.lens[row / p.num_heads]);
+    const float* part = part_out.data() + row * P * D;
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    if (n > 0) {
+      partition_weights(max_logits.data() + row * P, exp_sums.data() + row * P, n, w.data());
+      for (int q = 0; q < n; ++q)
+        for (int d = 0; d < D; ++d) acc[d] += w[q] * part[q * D + d];
+    }
+    for (int d = 0; d < D; ++d) {
+      const float got = acc[d], want = c.want[row * D + d];
+      const double err = std::fabs(double(got) - want), tol = c.atol + c.rtol * std::fabs(want);
+      if (err <= tol) continue;  // false for NaN
+      ++bad;
+      const double excess = std::isnan(err) ? INFINITY : err - tol;
+      if (excess > worst_excess) worst_excess = excess, worst = row * D + d, worst_got = got;
+    }
+  }
+  if (bad == 0) return "";
+  char msg[256];
+  const int64_t row = worst / D;
+  std::snprintf(msg, sizeof msg, "%lld of %lld elements off; worst [seq %lld, head %lld, dim %lld]"
+                " got %.7g want %.7g (atol %g rtol %g)", (long long)bad, (long long)(rows * D),
+                (long long)(row / p.num_heads), (long long)(row % p.num_heads),
+                (long long)(worst % D), worst_got, double(c.want[worst]), c.atol, c.rtol);
+  return msg;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) die("usage: driver CASE_DIR [VARIANT...]");
+  std::vector<std::string> paths;
+  for (const auto& e : std::filesystem::directory_iterator(argv[1]))
+    if (e.path().extension() == ".case") paths.push_back(e.path().string());
+  std::sort(paths.begin(), paths.end());
+  if (paths.empty()) die(std::string("no .case files in ") + argv[1]);
+  std::vector<Case> cases;
+  for (const auto& path : paths) cases.push_back(read_case(path));
+
+  int count = 0;
+  const KernelVariant* variants = kernel_variants(&count);
+  std::vector<const KernelVariant*> chosen;
+  for (int a = 2; a < argc; ++a) {
+    const KernelVariant* found = nullptr;
+    for (int i = 0; i < count; ++i)
+      if (std::strcmp(variants[i].name, argv[a]) == 0) found = &variants[i];
+    if (!found) die(std::string("no variant '") + argv[a] + "' in this build");
+    chosen.push_back(found);
+  }
+  if (chosen.empty())
+    for (int i = 0; i < count; ++i) chosen.push_back(&variants[i]);
+
+#if defined(__aarch64__)
+  const char* arch = "aarch64";
+#elif defined(__x86_64__)
+  const char* arch = "x86-64";
+#else
+  const char* arch = "other";
+#endif
+  std::printf("driver (%s build): %zu cases from %s\n", arch, cases.size(), argv[1]);
+  int failed_total = 0;
+  for (const KernelVariant* var : chosen) {
+    if (!var->cpu_supports()) {
+      std::printf("%s: skipped (cpu_supports() is false on this CPU)\n", var->name);
+      continue;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    int passed = 0, failed = 0;
+    for (Case& c : cases) {
+      const std::string why = run_case(*var, c);
+      if (why.empty()) {
+        ++passed;
+      } else {
+        ++failed;
+        std::printf("  FAIL %s %s: %s\n", var->name, c.name.c_str(), why.c_str());
+      }
+    }
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("%s: %d cases passed, %d failed (%.2f s)\n", var->name, passed, failed, sec);
+    std::fflush(stdout);
+    failed_total += failed;
+  }
+  return failed_total ? 1 : 0;
+}

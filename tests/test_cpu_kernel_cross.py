@@ -1,0 +1,172 @@
+"""The CPU kernel variants built WITHOUT torch (tests/cross/driver.cpp + csrc/cpu) on the hardware or
+emulator they target: the host build runs every x86 variant this CPU executes (avx512-bf16,
+avx512, avx2-fma, scalar), the aarch64 build runs neon and scalar under qemu-aarch64.
+scripts/cross_test.sh builds and runs the driver; this file writes its cases and checks results.
+
+Cases come from paged_attention_ext.testing (shuffled block tables with garbage past each row,
+NaN in every cache slot no sequence uses, fp8 k/v scales != 1); the expected `out` from the oracle
+reference.paged_attention_v2, with testing.tolerances. One little-endian file per case:
+  "PACASE1\\0", int64[16] (see HEADER_INTS), float32[5] (scale k_scale v_scale atol rtol), name,
+  query fp32 [S,H,D] | K cache raw bytes | V cache raw bytes | block_tables int32 [S,M] |
+  seq_lens int32 [S] | alibi fp32 [H] (if has_alibi) | expected out fp32 [S,H,D]
+The cache bytes run from the cache's first element to the end of its storage (a strided view
+keeps its strides: kv_block_stride / kv_head_stride in the header).
+
+Also a script: `python tests/test_cpu_kernel_cross.py DIR` writes the cases to DIR.
+"""
+
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # run as a script from anywhere
+from paged_attention_ext import reference, testing  # noqa: E402
+from paged_attention_ext.validation import parse_kv_cache_dtype  # noqa: E402
+
+MAGIC = b"PACASE1\0"
+HEADER_INTS = ("scalar_kind", "cache_kind", "num_seqs", "num_heads", "num_kv_heads", "head_size",
+               "block_size", "x", "max_blocks_per_seq", "num_blocks", "has_alibi",
+               "kv_block_stride", "kv_head_stride", "k_bytes", "v_bytes", "name_len")
+SCALAR_KIND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # params.h ScalarKind
+CACHE_KIND = {"auto": 0, "fp8_e4m3": 1, "fp8_e5m2": 2}  # params.h CacheKind
+
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+# (dtype, kv_cache_dtype, num_heads, num_kv_heads, head_size, block_size, seq_lens, alibi, layout)
+CASES = [
+    (F32, "auto", 8, 2, 128, 16, [1, 511, 512, 513, 0, 1537], False, None),  # GQA 4
+    (BF16, "auto", 12, 2, 256, 16, [700, 33], True, None),  # GQA 6, ALiBi
+    (F16, "auto", 8, 8, 80, 5, [511, 1030], False, None),  # GQA 1, odd block size
+    (F32, "auto", 8, 1, 64, 8, [300, 1025], True, None),  # GQA 8
+    (F32, "auto", 6, 2, 20, 32, [77, 600], False, None),  # head 20 = 5 x (x = 4), GQA 3
+    (BF16, "auto", 4, 1, 40, 16, [513, 5, 0], False, None),  # head 40 = 5 x (x = 8)
+    (F16, "auto", 16, 2, 128, 16, [2049, 1], True, None),  # GQA 8, 5 partitions
+    (F32, "fp8", 8, 2, 64, 16, [300, 1025], True, None),  # e4m3, x = 16
+    (BF16, "fp8_e4m3", 6, 1, 128, 8, [1, 600, 0], False, None),  # GQA 6
+    (F16, "fp8_e4m3", 4, 4, 80, 1, [0, 513, 3], False, None),  # head 80 = 5 x (x = 16), bs 1
+    (F16, "fp8_e5m2", 4, 2, 48, 32, [77, 513], False, None),  # head 48 = 3 x
+    (BF16, "fp8_e5m2", 8, 1, 256, 5, [512, 1100], True, None),  # GQA 8, head 256
+    (F32, "auto", 4, 2, 32, 1, [5, 513], False, None),  # block size 1
+    (F32, "auto", 8, 2, 64, 16, [1, 600, 1025], False, "head_padding"),  # outer strides
+    (BF16, "fp8_e4m3", 8, 2, 64, 16, [1, 600, 1025], False, "blocks_interleaved"),
+    (F32, "auto", 4, 2, 32, 16, [0, 0], False, None),  # every row empty: zeros
+]
+
+
+def case_name(i, c):
+    dtype, kv, nh, nkv, d, bs, lens, alibi, layout = c
+    return (f"{i:02d}-{str(dtype)[6:]}-{kv}-h{nh}kv{nkv}-d{d}-bs{bs}-n{len(lens)}"
+            f"{'-alibi' if alibi else ''}{'-' + layout if layout else ''}")
+
+
+def storage_bytes(t):
+    """The bytes of t's storage from its first element to the storage's end."""
+    n = t.untyped_storage().nbytes() // t.element_size() - t.storage_offset()
+    return t.as_strided((n,), (1,), t.storage_offset()).view(torch.uint8).numpy().tobytes()
+
+
+def write_case(path, name, inp):
+    want = testing.call_v2(reference.paged_attention_v2, inp, testing.alloc_v2_outputs(inp)).out
+    atol, rtol = testing.tolerances(inp.dtype, inp.kv_cache_dtype)
+    k, v = inp.key_cache, inp.value_cache
+    assert k.stride()[:2] == v.stride()[:2], "K and V must share block / head strides"
+    kb, vb = storage_bytes(k), storage_bytes(v)
+    ints = dict(scalar_kind=SCALAR_KIND[inp.dtype],
+                cache_kind=CACHE_KIND[parse_kv_cache_dtype("cross", inp.kv_cache_dtype)],
+                num_seqs=inp.num_seqs, num_heads=inp.num_heads, num_kv_heads=inp.num_kv_heads,
+                head_size=inp.head_size, block_size=inp.block_size, x=16 // k.element_size(),
+                max_blocks_per_seq=inp.block_tables.shape[1], num_blocks=k.shape[0],
+                has_alibi=int(inp.alibi_slopes is not None), kv_block_stride=k.stride(0),
+                kv_head_stride=k.stride(1), k_bytes=len(kb), v_bytes=len(vb),
+                name_len=len(name))
+    f32 = lambda t: t.float().contiguous().numpy().tobytes()  # noqa: E731
+    i32 = lambda t: t.to(torch.int32).contiguous().numpy().tobytes()  # noqa: E731
+    with open(path, "wb") as f:
+        f.write(MAGIC + struct.pack("<16q", *(ints[n] for n in HEADER_INTS)))
+        f.write(struct.pack("<5f", inp.scale, float(inp.k_scale), float(inp.v_scale), atol, rtol))
+        f.write(name.encode())
+        for blob in (f32(inp.query), kb, vb, i32(inp.block_tables), i32(inp.seq_lens)):
+            f.write(blob)
+        if inp.alibi_slopes is not None:
+            f.write(f32(inp.alibi_slopes))
+        f.write(f32(want))
+
+
+def write_cases(folder):
+    """Writes every case of CASES to folder/<name>.case; returns their number."""
+    assert sys.byteorder == "little"
+    os.makedirs(folder, exist_ok=True)
+    for old in os.listdir(folder):
+        if old.endswith(".case"):
+            os.remove(os.path.join(folder, old))
+    for i, c in enumerate(CASES):
+        dtype, kv, nh, nkv, d, bs, lens, alibi, layout = c
+        inp = testing.make_attention_inputs(len(lens), nh, nkv, d, bs, lens, dtype=dtype,
+                                            kv_cache_dtype=kv, use_alibi=alibi, seed=i + d)
+        if layout:
+            inp = testing.with_strided_caches(inp, layout)
+        name = case_name(i, c)
+        write_case(os.path.join(folder, name + ".case"), name, inp)
+    return len(CASES)
+
+
+# ---- the tests: scripts/cross_test.sh builds the driver and runs it on the cases ----
+
+LINE = re.compile(r"^(\S+): (?:(\d+) cases passed, (\d+) failed|skipped)", re.M)
+
+
+@pytest.fixture(scope="module")
+def case_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cross_cases")
+    write_cases(str(folder))
+    return str(folder)
+
+
+def run_cross(target, case_dir, build_dir):
+    """Runs scripts/cross_test.sh for one target; returns {variant: (passed, failed) or None}."""
+    env = dict(os.environ, PAGED_ATTN_CROSS_BUILD=str(build_dir), PAGED_ATTN_CROSS_INSTALL="0")
+    r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "cross_test.sh"), target, case_dir],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    print(r.stdout, r.stderr)  # shown by pytest on failure
+    assert r.returncode == 0, f"cross_test.sh {target} failed (rc {r.returncode}):\n" \
+                              f"{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+    return {m[1]: (int(m[2]), int(m[3])) if m[2] else None for m in LINE.finditer(r.stdout)}
+
+
+def assert_all_passed(results, names):
+    for name in names:
+        assert results.get(name) == (len(CASES), 0), f"{name}: {results.get(name)} of {results}"
+
+
+def test_host_variants(case_dir, tmp_path):
+    results = run_cross("--host", case_dir, tmp_path)
+    ran = [name for name, r in results.items() if r is not None]
+    assert "scalar" in ran, results
+    assert_all_passed(results, ran)
+    # the torch build's CPU check agrees: every variant it can run here, the driver ran
+    import paged_attention_ext
+    runnable = [n for n, ok, _ in paged_attention_ext.cpu_kernel_variants() if ok]
+    assert set(runnable) <= set(ran), (runnable, results)
+
+
+def test_aarch64_variants_under_qemu(case_dir, tmp_path):
+    import platform
+    if platform.machine() in ("aarch64", "arm64"):
+        pytest.skip("host is aarch64: test_host_variants runs neon natively")
+    missing = [t for t in ("aarch64-linux-gnu-g++", "qemu-aarch64") if shutil.which(t) is None]
+    if missing:
+        pytest.skip(f"{' and '.join(missing)} not installed (apt-get install g++-aarch64-linux-gnu "
+                    "qemu-user, or PAGED_ATTN_CROSS_INSTALL=1 bash scripts/cross_test.sh as root)")
+    assert_all_passed(run_cross("--arm", case_dir, tmp_path), ["neon", "scalar"])
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(f"usage: {sys.argv[0]} CASE_DIR   (writes the cross-test cases there)")
+    print(f"{write_cases(sys.argv[1])} cases written to {sys.argv[1]}")
