@@ -3,29 +3,44 @@
 Importing this package makes `torch.ops.paged_attn.v1`, `.v2` and `.reshape_and_cache` available:
 from the compiled extension `_C` (CPU kernel, and CUDA kernels in a CUDA build) when it was built,
 otherwise from the pure-PyTorch implementation (same schemas, any device torch supports).
+
+Environment: PAGED_ATTN_DISABLE_EXTENSION=1 never loads `_C`; PAGED_ATTN_REQUIRE_EXTENSION=1 makes
+this import fail unless `_C` loads (or is disabled), instead of falling back to the PyTorch
+implementation (scripts/test.sh and CI set it). A `_C` that exists but fails to load (corrupt, or
+built against another torch) always warns.
 """
+
+import importlib as _importlib
+import os as _os
+import warnings as _warnings
 
 from . import fallback, reference
 from ._registration import register as _register
 
 __version__ = "0.1.0"
 
-import os as _os
 
-if _os.environ.get("PAGED_ATTN_DISABLE_EXTENSION") == "1":  # force the PyTorch implementation
-    EXTENSION_IMPORT_ERROR = ImportError("disabled by PAGED_ATTN_DISABLE_EXTENSION=1")
-else:
-    try:
-        from . import _C  # noqa: F401  (loading the library runs its TORCH_LIBRARY registrations)
+def _load_extension():
+    """(status, error); status is 'loaded', 'disabled', 'not built' or 'failed to load'."""
+    if _os.environ.get("PAGED_ATTN_DISABLE_EXTENSION") == "1":
+        return "disabled", ImportError("disabled by PAGED_ATTN_DISABLE_EXTENSION=1")
+    try:  # loading the library runs its TORCH_LIBRARY registrations
+        _importlib.import_module(f"{__name__}._C")
+    except ModuleNotFoundError as error:
+        if error.name == f"{__name__}._C":
+            return "not built", error
+        return "failed to load", error
+    except Exception as error:  # present but unloadable: corrupt, or built against another torch
+        return "failed to load", error
+    return "loaded", None
 
-        EXTENSION_IMPORT_ERROR = None
-    except ImportError as error:  # not built, or built against another torch
-        EXTENSION_IMPORT_ERROR = error
+
+EXTENSION_STATUS, EXTENSION_IMPORT_ERROR = _load_extension()
 
 
 def extension_loaded() -> bool:
     """True when the compiled extension `_C` provides the op schemas and kernels."""
-    return EXTENSION_IMPORT_ERROR is None
+    return EXTENSION_STATUS == "loaded"
 
 
 def cpu_kernel() -> str:
@@ -44,6 +59,28 @@ def cpu_kernel_variants() -> list:
         return []
     return list(_C.cpu_kernel_variants())
 
+def extension_status() -> str:
+    """What happened to the compiled extension `_C`, in words (for `info` and skip reasons)."""
+    if EXTENSION_STATUS == "loaded":
+        return f"loaded from {_C.__file__}"
+    if EXTENSION_STATUS == "disabled":
+        return "disabled by PAGED_ATTN_DISABLE_EXTENSION=1"
+    if EXTENSION_STATUS == "not built":
+        return ("not built (no _C module in the package: "
+                "build it with `python setup.py build_ext --inplace`)")
+    return f"failed to load: {type(EXTENSION_IMPORT_ERROR).__name__}: {EXTENSION_IMPORT_ERROR}"
+
+
+if EXTENSION_STATUS in ("not built", "failed to load"):
+    if _os.environ.get("PAGED_ATTN_REQUIRE_EXTENSION") == "1":
+        raise ImportError("paged_attention_ext: PAGED_ATTN_REQUIRE_EXTENSION=1 but the compiled "
+                          f"extension _C was not loaded: {extension_status()}"
+                          ) from EXTENSION_IMPORT_ERROR
+    if EXTENSION_STATUS == "failed to load":
+        _warnings.warn(f"paged_attention_ext: the compiled extension _C {extension_status()}; "
+                       "serving the ops from the PyTorch implementation instead "
+                       "(PAGED_ATTN_REQUIRE_EXTENSION=1 makes this an error)",
+                       RuntimeWarning, stacklevel=2)
 
 # The PyTorch implementation that serves devices with no compiled kernel.
 _register(extension_loaded(), fallback)
@@ -51,4 +88,5 @@ _register(extension_loaded(), fallback)
 from .api import PARTITION_SIZE, allocate_kv_cache, paged_attention, reshape_and_cache  # noqa: E402
 
 __all__ = ["PARTITION_SIZE", "allocate_kv_cache", "paged_attention", "reshape_and_cache",
-           "extension_loaded", "cpu_kernel", "cpu_kernel_variants", "reference"]
+           "extension_loaded", "extension_status", "cpu_kernel", "cpu_kernel_variants",
+           "reference"]

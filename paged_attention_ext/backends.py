@@ -154,7 +154,7 @@ def detect() -> Detection:
     elif package.extension_loaded():
         ext, ext_error = package._C, ""
     else:
-        ext, ext_error = None, str(package.EXTENSION_IMPORT_ERROR)
+        ext, ext_error = None, package.extension_status()
     det = Detection(
         torch_version=torch.__version__,
         torch_cuda=torch.version.cuda,
@@ -236,7 +236,7 @@ def describe(det: Detection) -> list:
     if det.extension_loaded:
         lines.append(("extension _C", f"loaded from {det.extension_path}"))
     else:
-        lines.append(("extension _C", f"not loaded ({det.extension_error or 'not built'})"))
+        lines.append(("extension _C", f"not loaded: {det.extension_error}"))
     if not det.ops_registered:
         lines.append(("torch.ops.paged_attn", "NOT registered"))
         return lines

@@ -1,5 +1,5 @@
 """Shared pytest setup: the `slow` marker, tests/ on sys.path (for dense_reference), and the
-fixture that hands out the registered torch.ops.paged_attn ops (or skips when they are not)."""
+fixture that hands out the registered torch.ops.paged_attn ops."""
 
 import os
 import sys
@@ -16,21 +16,15 @@ def pytest_configure(config):
 
 
 def registered_ops():
-    """torch.ops.paged_attn after `import paged_attention_ext`, or None with the reason."""
-    try:
-        import paged_attention_ext  # noqa: F401  (registers the ops)
-    except Exception as error:  # the package __init__ may not be wired yet
-        return None, f"import paged_attention_ext failed: {error!r}"
-    try:
-        torch.ops.paged_attn.v2  # noqa: B018
-    except (AttributeError, RuntimeError):
-        return None, "torch.ops.paged_attn.v2 is not registered by paged_attention_ext"
-    return torch.ops.paged_attn, None
+    """torch.ops.paged_attn after `import paged_attention_ext`. A failing import (e.g.
+    PAGED_ATTN_REQUIRE_EXTENSION=1 with a `_C` that does not load) or missing ops fail the test:
+    neither is a reason to skip."""
+    import paged_attention_ext  # noqa: F401  (registers the ops)
+
+    assert hasattr(torch.ops.paged_attn, "v2"), "paged_attention_ext did not register the ops"
+    return torch.ops.paged_attn
 
 
 @pytest.fixture
 def paged_ops():
-    ops, reason = registered_ops()
-    if ops is None:
-        pytest.skip(reason)
-    return ops
+    return registered_ops()

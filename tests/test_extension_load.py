@@ -1,0 +1,97 @@
+"""What `import paged_attention_ext` does with its compiled extension `_C`, on a copy of the package
+in a temporary folder whose `_C` is missing, corrupt or mismatched: the PyTorch implementation
+serves the ops with an honest status (and a warning when a `_C` exists but fails to load), and
+PAGED_ATTN_REQUIRE_EXTENSION=1 (set by scripts/test.sh and CI) turns a `_C` that did not load into
+an import error. PAGED_ATTN_DISABLE_EXTENSION=1 wins over it."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "paged_attention_ext"
+# The editable install's import hook would find the real _C where the copy has none: drop it.
+SCRIPT = (
+    "import sys, warnings; warnings.simplefilter('always')\n"
+    "sys.meta_path[:] = [f for f in sys.meta_path if '__editable__' not in f.__module__]\n"
+    "import torch, paged_attention_ext as pa\n"
+    "from paged_attention_ext import backends, reference, testing\n"
+    "assert pa.__file__.startswith({root!r}), pa.__file__\n"
+    "print('STATUS', pa.EXTENSION_STATUS, '|', pa.extension_status())\n"
+    "print('CUDA KERNEL', backends.compiled_kernel('v2', 'CUDA'))\n"
+    "i = testing.make_attention_inputs(2, 4, 2, 32, 8, [9, 600])\n"
+    "got = testing.call_v2(torch.ops.paged_attn.v2, i, testing.alloc_v2_outputs(i))\n"
+    "ref = testing.call_v2(reference.paged_attention_v2, i, testing.alloc_v2_outputs(i))\n"
+    "testing.assert_v2_matches(got, ref, i.seq_lens_list, i.dtype)\n"
+)
+# A stand-in for an extension built against another torch: dlopen refuses it for a symbol that
+# nothing loaded provides.
+MISMATCHED_C = ("extern void at_symbol_of_another_torch(void);\n"
+                "void *PyInit__C(void) { at_symbol_of_another_torch(); return 0; }\n")
+
+
+def _package_copy(tmp_path, extension):
+    """tmp_path/paged_attention_ext without the real _C; `extension` None, 'corrupt' or
+    'mismatched' decides what stands in its place."""
+    shutil.copytree(PACKAGE, tmp_path / "paged_attention_ext",
+                    ignore=shutil.ignore_patterns("_C*.so", "__pycache__"))
+    target = tmp_path / "paged_attention_ext" / "_C.abi3.so"
+    if extension == "corrupt":
+        target.write_bytes(b"this is not a shared library\n" * 8)
+    elif extension == "mismatched":
+        cc = shutil.which("cc") or shutil.which("gcc")
+        if cc is None:
+            pytest.skip("no C compiler (cc / gcc) to build the mismatched library")
+        src = tmp_path / "c.c"
+        src.write_text(MISMATCHED_C)
+        subprocess.run([cc, "-shared", "-fPIC", str(src), "-o", str(target)], check=True)
+    return tmp_path
+
+
+def _import(root, **env):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PAGED_ATTN_")} | env
+    return subprocess.run([sys.executable, "-c", SCRIPT.format(root=str(root))], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("extension,error", [("corrupt", "invalid ELF header"),
+                                             ("mismatched", "undefined symbol: at_symbol_of_another_torch")])
+def test_a_built_extension_that_fails_to_load(tmp_path, extension, error):
+    root = _package_copy(tmp_path, extension)
+    served = _import(root)
+    assert served.returncode == 0, served.stderr
+    assert "STATUS failed to load | failed to load: ImportError:" in served.stdout
+    assert error in served.stdout
+    assert "RuntimeWarning: paged_attention_ext: the compiled extension _C failed to load" in (
+        served.stderr)
+    assert "CUDA KERNEL False" in served.stdout  # the probe test_cuda_kernels_registered uses
+
+    required = _import(root, PAGED_ATTN_REQUIRE_EXTENSION="1")
+    assert required.returncode != 0
+    assert ("ImportError: paged_attention_ext: PAGED_ATTN_REQUIRE_EXTENSION=1 but the compiled "
+            "extension _C was not loaded: failed to load") in required.stderr
+    assert error in required.stderr
+
+
+def test_an_extension_that_was_not_built(tmp_path):
+    root = _package_copy(tmp_path, None)
+    served = _import(root)
+    assert served.returncode == 0, served.stderr
+    assert "STATUS not built | not built (no _C module in the package" in served.stdout
+    assert "Warning" not in served.stderr
+
+    required = _import(root, PAGED_ATTN_REQUIRE_EXTENSION="1")
+    assert required.returncode != 0
+    assert "PAGED_ATTN_REQUIRE_EXTENSION=1 but the compiled extension _C was not loaded: not built" in (
+        required.stderr)
+
+
+def test_disabling_the_extension_wins_over_requiring_it(tmp_path):
+    root = _package_copy(tmp_path, "corrupt")  # never opened when disabled
+    served = _import(root, PAGED_ATTN_DISABLE_EXTENSION="1", PAGED_ATTN_REQUIRE_EXTENSION="1")
+    assert served.returncode == 0, served.stderr
+    assert "STATUS disabled | disabled by PAGED_ATTN_DISABLE_EXTENSION=1" in served.stdout
+    assert "Warning" not in served.stderr
