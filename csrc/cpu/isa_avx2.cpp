@@ -39,21 +39,17 @@ inline __m256 e4m3x8(__m128i bytes) {
   return _mm256_blendv_ps(f, _mm256_set1_ps(NAN), _mm256_castsi256_ps(nan));
 }
 
-// exp(x) for x <= 0: Cephes expf's range reduction and polynomial, times 2^n built in the
+// exp(x) for x <= 0: exp_poly's range reduction and polynomial, times 2^n built in the
 // exponent bits. x < -87.3 (below the smallest normal) gives exactly 0; NaN stays NaN.
 inline __m256 exp8(__m256 x) {
   const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_NLT_UQ);  // NaN: kept
   x = _mm256_max_ps(_mm256_set1_ps(-87.3f), x);  // this operand order keeps NaN
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(exp_poly::kLog2e)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507E-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073E-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894E-2f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459E-1f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201E-1f));
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(exp_poly::kLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(exp_poly::kLn2Lo), r);
+  __m256 y = _mm256_set1_ps(exp_poly::kCoef[0]);
+  for (int i = 1; i < 6; ++i) y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(exp_poly::kCoef[i]));
   y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
   const __m256i pow2n = _mm256_slli_epi32(
       _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);  // n >= -126
@@ -211,19 +207,6 @@ struct Isa {
 #define PA_ISA avx2
 #include "partition_kernel.h"
 #undef PA_ISA
-
-namespace paged_attn {
-namespace cpu {
-namespace avx2 {
-
-void attention_partition(const PagedAttentionParams& p, const KernelInputs& in,
-                         PartitionTask task, const PartitionTask* next, float* scratch) {
-  run_any_cache(p, in, task, next, scratch, /*bf16_dot=*/false);
-}
-
-}  // namespace avx2
-}  // namespace cpu
-}  // namespace paged_attn
 
 #if defined(__clang__)
 #pragma clang attribute pop

@@ -102,16 +102,12 @@ struct Isa {
   // polynomial, scaled by 2^n with vscalefps (handles underflow to 0). Relative error ~1e-7.
   static Vec exp(Vec x) {
     x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);  // this operand order keeps NaN
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(exp_poly::kLog2e)),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 y = _mm512_set1_ps(1.9875691500E-4f);
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507E-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073E-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894E-2f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459E-1f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201E-1f));
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(exp_poly::kLn2Hi), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(exp_poly::kLn2Lo), r);
+    __m512 y = _mm512_set1_ps(exp_poly::kCoef[0]);
+    for (int i = 1; i < 6; ++i) y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(exp_poly::kCoef[i]));
     y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
     return _mm512_scalef_ps(y, n);
   }
@@ -255,15 +251,6 @@ struct Isa {
 
 namespace paged_attn {
 namespace cpu {
-namespace avx512 {
-
-void attention_partition(const PagedAttentionParams& p, const KernelInputs& in,
-                         PartitionTask task, const PartitionTask* next, float* scratch) {
-  run_any_cache(p, in, task, next, scratch, /*bf16_dot=*/false);
-}
-
-}  // namespace avx512
-
 namespace avx512_bf16 {
 
 void attention_partition(const PagedAttentionParams& p, const KernelInputs& in,

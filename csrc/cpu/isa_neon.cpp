@@ -40,20 +40,16 @@ inline void e4m3x8(uint8x8_t bytes, float32x4_t* out) {
                      qnan, vmulq_f32(out[1], k256));
 }
 
-// exp(x) for x <= 0: Cephes expf's range reduction and polynomial, times 2^n built in the
+// exp(x) for x <= 0: exp_poly's range reduction and polynomial, times 2^n built in the
 // exponent bits. x < -87.3 (below the smallest normal) gives exactly 0; NaN stays NaN.
 inline float32x4_t exp4(float32x4_t x) {
   const uint32x4_t drop = vcltq_f32(x, vdupq_n_f32(-87.3f));  // false for NaN
   x = vmaxq_f32(x, vdupq_n_f32(-87.3f));                      // NaN propagates
-  const float32x4_t n = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(1.44269504088896341f)));
-  float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(0.693359375f));
-  r = vfmsq_f32(r, n, vdupq_n_f32(-2.12194440e-4f));
-  float32x4_t y = vdupq_n_f32(1.9875691500E-4f);
-  y = vfmaq_f32(vdupq_n_f32(1.3981999507E-3f), y, r);
-  y = vfmaq_f32(vdupq_n_f32(8.3334519073E-3f), y, r);
-  y = vfmaq_f32(vdupq_n_f32(4.1665795894E-2f), y, r);
-  y = vfmaq_f32(vdupq_n_f32(1.6666665459E-1f), y, r);
-  y = vfmaq_f32(vdupq_n_f32(5.0000001201E-1f), y, r);
+  const float32x4_t n = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(exp_poly::kLog2e)));
+  float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(exp_poly::kLn2Hi));
+  r = vfmsq_f32(r, n, vdupq_n_f32(exp_poly::kLn2Lo));
+  float32x4_t y = vdupq_n_f32(exp_poly::kCoef[0]);
+  for (int i = 1; i < 6; ++i) y = vfmaq_f32(vdupq_n_f32(exp_poly::kCoef[i]), y, r);
   y = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), y, vmulq_f32(r, r));
   const int32x4_t pow2n = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
   const float32x4_t e = vmulq_f32(y, vreinterpretq_f32_s32(pow2n));
@@ -230,11 +226,6 @@ struct Isa {
 namespace paged_attn {
 namespace cpu {
 namespace neon {
-
-void attention_partition(const PagedAttentionParams& p, const KernelInputs& in,
-                         PartitionTask task, const PartitionTask* next, float* scratch) {
-  run_any_cache(p, in, task, next, scratch, /*bf16_dot=*/false);
-}
 
 // HWCAP_ASIMD (bit 1 of AT_HWCAP) on Linux; Advanced SIMD is part of every other aarch64 ABI.
 bool cpu_supports() {

@@ -144,11 +144,6 @@ namespace paged_attn {
 namespace cpu {
 namespace scalar {
 
-void attention_partition(const PagedAttentionParams& p, const KernelInputs& in,
-                         PartitionTask task, const PartitionTask* next, float* scratch) {
-  run_any_cache(p, in, task, next, scratch, /*bf16_dot=*/false);
-}
-
 bool cpu_supports() { return true; }
 
 }  // namespace scalar

@@ -40,6 +40,15 @@ inline void copy_lanes(T* dst, const T* src, LaneRange r) {
   if (!r.empty()) std::memcpy(dst + r.lo, src + r.lo, (r.hi - r.lo) * sizeof(T));
 }
 
+// exp(r) ~ 1 + r + r^2 * poly(r) on |r| <= ln(2) / 2 (Cephes expf), after x = n ln2 + r with ln2
+// split in two for an exact n * ln2_hi. Every SIMD layer's exp uses these.
+namespace exp_poly {
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+constexpr float kCoef[6] = {1.9875691500E-4f, 1.3981999507E-3f, 8.3334519073E-3f,
+                            4.1665795894E-2f, 1.6666665459E-1f, 5.0000001201E-1f};
+}  // namespace exp_poly
+
 // Prefetch into L2 (prefetcht1 on x86, PRFM PLDL2KEEP on aarch64).
 inline void prefetch_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
 

@@ -410,6 +410,12 @@ inline void run_any_cache(const PagedAttentionParams& p, const KernelInputs& in,
   }
 }
 
+// The variant's entry point (attention_kernel.h); cpu_supports() is the ISA file's own.
+void attention_partition(const PagedAttentionParams& p, const KernelInputs& in,
+                         PartitionTask task, const PartitionTask* next, float* scratch) {
+  run_any_cache(p, in, task, next, scratch, /*bf16_dot=*/false);
+}
+
 }  // namespace PA_ISA
 }  // namespace cpu
 }  // namespace paged_attn
