@@ -52,6 +52,7 @@ constexpr float kCoef[6] = {1.9875691500E-4f, 1.3981999507E-3f, 8.3334519073E-3f
 // Prefetch into L2 (prefetcht1 on x86, PRFM PLDL2KEEP on aarch64).
 inline void prefetch_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
 
+
 // One block of the partition: where its [kv_head] slice starts and which slots are ours.
 struct Span {
   int64_t offset;  // elements from the cache base: block * kv_block_stride + kv_head * stride
@@ -82,8 +83,8 @@ struct PrefetchStream {
   int lines_per_step = 0;
   int b = 0;
   int64_t off = 0;
-  void step() {
-    for (int k = 0; k < lines_per_step && b < nblocks; ++k) {
+  void step(int times = 1) {
+    for (int k = 0; k < times * lines_per_step && b < nblocks; ++k) {
       prefetch_l2(blocks[b] + off);
       off += 64;
       if (off >= block_bytes) off = 0, ++b;

@@ -84,45 +84,77 @@ inline void store_token_sums(const Vec* acc, float* dst, int ntok) {
     Isa::store(dst + 4 * i, Isa::sum_x4(v4[i], v4[i + 1], v4[i + 2], v4[i + 3]), Isa::lanes(0, ntok));
 }
 
+// acc[g][jt] += K row c's vectors j + 16 jt ... times q's X dims of row c, over all rows.
+// kFull: every lane of the JT vectors is in the row (no mask test in the loop).
+template <typename Cache, int GT, int JT, bool kFull>
+inline void qk_rows(const typename Cache::storage* kblk, const float* qs, const TaskShape& s,
+                    int j, Vec (&acc)[GT][JT], const char* pf_a, const char* pf_b) {
+  constexpr int X = 16 / static_cast<int>(sizeof(typename Cache::storage));
+  const int64_t row_bytes = s.kv_bytes / s.C;  // bytes of one K row c
+  Mask m[JT];
+#pragma GCC unroll 8
+  for (int jt = 0; jt < JT; ++jt) m[jt] = kFull ? Isa::lanes(0, 16) : Isa::lanes(0, s.R - j - 16 * jt);
+  for (int c = 0; c < s.C; ++c) {
+    const auto* kp = kblk + static_cast<int64_t>(c) * s.R + j;
+    if (j == 0) {  // spread the prefetches over this block's compute
+      for (int64_t off = c * row_bytes; off < (c + 1) * row_bytes; off += 64) {
+        if (pf_a) prefetch_l2(pf_a + off);
+        if (pf_b) prefetch_l2(pf_b + off);
+      }
+    }
+    Vec kv[JT];
+#pragma GCC unroll 8
+    for (int jt = 0; jt < JT; ++jt) kv[jt] = Isa::template load_cache<Cache>(kp + 16 * jt, m[jt]);
+#pragma GCC unroll 8
+    for (int g = 0; g < GT; ++g) {
+      const Vec qv = Isa::template q_row<X>(qs + g * s.D + c * X);
+#pragma GCC unroll 8
+      for (int jt = 0; jt < JT; ++jt) acc[g][jt] = Isa::fmadd(kv[jt], qv, acc[g][jt]);
+    }
+  }
+}
+
 // logits[g][slot] for all bs slots of one block, heads [0, GT) of a tile.
 // kblk: [C][R] cache elements; qs: [GT][D] scaled query; logits: [GT][L] at the block's slot 0.
-// JT vectors (16 * JT elements) of each row per pass. pf_a / pf_b (either may be null): blocks
-// prefetched into L2 a row's worth of lines per K row.
+// JT vectors (16 * JT elements, 16 * JT / X tokens) of each row per pass. When a pass yields
+// fewer than 16 tokens (JT < X), the accumulators of X / JT consecutive passes are held (in L1)
+// and folded together: one 16-token sum instead of a mostly-zero one per pass.
+// pf_a / pf_b (either may be null): blocks prefetched into L2 a row's worth of lines per K row.
 template <typename Cache, int GT, int JT>
 void qk_block(const typename Cache::storage* kblk, const float* qs, const TaskShape& s,
               float* logits, const char* pf_a, const char* pf_b) {
   constexpr int X = 16 / static_cast<int>(sizeof(typename Cache::storage));
-  const int64_t row_bytes = s.kv_bytes / s.C;  // bytes of one K row c
+  constexpr int kPasses = JT < X ? X / JT : 1;  // passes per 16-token group
+  Vec held[GT][kPasses > 1 ? X : 1];
+  int held_passes = 0, group_j = 0;
   for (int j = 0; j < s.R; j += 16 * JT) {
-    Mask m[JT];
-#pragma GCC unroll 8
-    for (int jt = 0; jt < JT; ++jt) m[jt] = Isa::lanes(0, s.R - j - 16 * jt);
     Vec acc[GT][JT];
 #pragma GCC unroll 8
     for (int g = 0; g < GT; ++g)
 #pragma GCC unroll 8
       for (int jt = 0; jt < JT; ++jt) acc[g][jt] = Isa::zero();
-    for (int c = 0; c < s.C; ++c) {
-      const auto* kp = kblk + static_cast<int64_t>(c) * s.R + j;
-      if (j == 0) {  // spread the prefetches over this block's compute
-        for (int64_t off = c * row_bytes; off < (c + 1) * row_bytes; off += 64) {
-          if (pf_a) prefetch_l2(pf_a + off);
-          if (pf_b) prefetch_l2(pf_b + off);
-        }
-      }
-      Vec kv[JT];
+    if (s.R - j >= 16 * JT)
+      qk_rows<Cache, GT, JT, true>(kblk, qs, s, j, acc, pf_a, pf_b);
+    else
+      qk_rows<Cache, GT, JT, false>(kblk, qs, s, j, acc, pf_a, pf_b);
+    if constexpr (kPasses == 1) {
+      const int ntok = std::min(16 * JT, s.R - j) / X;
 #pragma GCC unroll 8
-      for (int jt = 0; jt < JT; ++jt) kv[jt] = Isa::template load_cache<Cache>(kp + 16 * jt, m[jt]);
-#pragma GCC unroll 8
-      for (int g = 0; g < GT; ++g) {
-        const Vec qv = Isa::template q_row<X>(qs + g * s.D + c * X);
-#pragma GCC unroll 8
-        for (int jt = 0; jt < JT; ++jt) acc[g][jt] = Isa::fmadd(kv[jt], qv, acc[g][jt]);
+      for (int g = 0; g < GT; ++g) store_token_sums<X, JT>(acc[g], logits + g * s.L + j / X, ntok);
+    } else {
+      for (int g = 0; g < GT; ++g)
+        for (int jt = 0; jt < JT; ++jt) held[g][held_passes * JT + jt] = acc[g][jt];
+      ++held_passes;
+      if (held_passes == kPasses || j + 16 * JT >= s.R) {
+        for (int g = 0; g < GT; ++g)
+          for (int i = held_passes * JT; i < X; ++i) held[g][i] = Isa::zero();
+        const int ntok = std::min(16, (s.R - group_j) / X);
+        for (int g = 0; g < GT; ++g)
+          store_token_sums<X, X>(held[g], logits + g * s.L + group_j / X, ntok);
+        held_passes = 0;
+        group_j = j + 16 * JT;
       }
     }
-    const int ntok = std::min(16 * JT, s.R - j) / X;
-#pragma GCC unroll 8
-    for (int g = 0; g < GT; ++g) store_token_sums<X, JT>(acc[g], logits + g * s.L + j / X, ntok);
   }
 }
 
@@ -183,36 +215,70 @@ inline void softmax_in_place(float* buf, int lo, int hi, float* m_out, float* s_
 
 // ---- PV ----
 
+// acc[g][dt] += p[g][16 tokens] * V[dt][16 tokens] for the lanes in m. pc: the heads' p of the
+// chunk (head stride s.L); vc: V row d0 of the chunk (row stride s.bs). Inlined with a constant
+// full mask for whole chunks, so the ISAs without mask registers test nothing there.
+template <typename Cache, int GT, int DT>
+inline void pv_chunk(const float* pc, const typename Cache::storage* vc, const TaskShape& s,
+                     Mask m, Vec (&acc)[GT][DT]) {
+  Vec pv[GT];
+#pragma GCC unroll 8
+  for (int g = 0; g < GT; ++g) pv[g] = Isa::load(pc + g * s.L, m);
+#pragma GCC unroll 8
+  for (int dt = 0; dt < DT; ++dt) {
+    const Vec vr = Isa::template load_cache<Cache>(vc + static_cast<int64_t>(dt) * s.bs, m);
+#pragma GCC unroll 8
+    for (int g = 0; g < GT; ++g) acc[g][dt] = Isa::fmadd(vr, pv[g], acc[g][dt]);
+  }
+}
+
 // out[g][d] = norm[g] * sum over the partition's tokens of p[g][t] * V[t][d], heads [0, GT),
 // head dims in tiles of DT (D % DT == 0). probs: [GT][L]; out row g at out + g * out_stride.
 // pf.step() once per (dim tile, block).
+// The block is all in the partition.
+inline bool whole_chunks(const TaskShape& s, const Span& sp) {
+  return sp.lo == 0 && sp.hi == s.bs;
+}
+
+// The slots [sp.lo, sp.hi) of one block into acc: 16-token chunks, lanes outside masked.
+template <typename Cache, int GT, int DT>
+inline void pv_span_masked(const typename Cache::storage* vb, const Span& sp, const float* probs,
+                           const TaskShape& s, Vec (&acc)[GT][DT]) {
+  for (int tc = sp.lo & ~15; tc < sp.hi; tc += 16)
+    pv_chunk<Cache, GT, DT>(probs + sp.buf + tc, vb + tc, s, Isa::lanes(sp.lo - tc, sp.hi - tc), acc);
+}
+
+// out[g][d] = norm[g] * sum over the partition's tokens of p[g][t] * V[t][d], heads [0, GT),
+// head dims in tiles of DT (D % DT == 0). probs: [GT][L]; out row g at out + g * out_stride.
+// Only the first and the last block of a partition can be partly in it: the blocks between are
+// whole, and when block_size is a multiple of 16 they run in unmasked 16-token chunks (the
+// ISAs without mask registers test nothing there). pf steps once per (dim tile, block).
 template <typename Cache, int GT, int DT>
 void pv_tile(const typename Cache::storage* V, const Span* spans, int nspans, const float* probs,
              const TaskShape& s, const float* norm, float* out, int64_t out_stride,
              PrefetchStream& pf) {
+  // blocks [w0, w1) are whole; the others (at most the first and the last) take masked chunks
+  int w0 = nspans, w1 = nspans;
+  if (s.bs % 16 == 0) {
+    w0 = whole_chunks(s, spans[0]) ? 0 : 1;
+    w1 = std::max(w0, whole_chunks(s, spans[nspans - 1]) ? nspans : nspans - 1);
+  }
+  const Mask all = Isa::lanes(0, 16);
   for (int d0 = 0; d0 < s.D; d0 += DT) {
     Vec acc[GT][DT];
 #pragma GCC unroll 8
     for (int g = 0; g < GT; ++g)
 #pragma GCC unroll 8
       for (int dt = 0; dt < DT; ++dt) acc[g][dt] = Isa::zero();
-    for (int i = 0; i < nspans; ++i) {
-      const Span& sp = spans[i];
-      pf.step();
-      const auto* vb = V + sp.offset + static_cast<int64_t>(d0) * s.bs;
-      for (int tc = sp.lo & ~15; tc < sp.hi; tc += 16) {
-        const Mask m = Isa::lanes(sp.lo - tc, sp.hi - tc);
-        Vec pv[GT];
-#pragma GCC unroll 8
-        for (int g = 0; g < GT; ++g) pv[g] = Isa::load(probs + g * s.L + sp.buf + tc, m);
-#pragma GCC unroll 8
-        for (int dt = 0; dt < DT; ++dt) {
-          const Vec vr = Isa::template load_cache<Cache>(vb + static_cast<int64_t>(dt) * s.bs + tc, m);
-#pragma GCC unroll 8
-          for (int g = 0; g < GT; ++g) acc[g][dt] = Isa::fmadd(vr, pv[g], acc[g][dt]);
-        }
-      }
+    pf.step(nspans);
+    const int64_t row0 = static_cast<int64_t>(d0) * s.bs;
+    for (int i = 0; i < w0; ++i) pv_span_masked<Cache, GT, DT>(V + spans[i].offset + row0, spans[i], probs, s, acc);
+    for (int i = w0; i < w1; ++i) {
+      const auto* vb = V + spans[i].offset + row0;
+      const float* pb = probs + spans[i].buf;
+      for (int tc = 0; tc < s.bs; tc += 16) pv_chunk<Cache, GT, DT>(pb + tc, vb + tc, s, all, acc);
     }
+    for (int i = w1; i < nspans; ++i) pv_span_masked<Cache, GT, DT>(V + spans[i].offset + row0, spans[i], probs, s, acc);
 #pragma GCC unroll 8
     for (int g = 0; g < GT; ++g) {
       float* o = out + g * out_stride + d0;
