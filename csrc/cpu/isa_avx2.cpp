@@ -80,10 +80,11 @@ struct Isa {
   using Mask = LaneRange;
 
   // Register tiles (16 ymm = 8 Vec): QK gt * qk_vecs accumulators + K vectors + q; PV
-  // gt * pv_dims accumulators + gt probabilities + one V row.
+  // gt * pv_dims accumulators + one V row (probabilities read from L1 as FMA operands).
   static constexpr int kQkHeads = 4, kPvHeads = 3;
   static constexpr int qk_vecs(int gt) { return gt == 1 ? 4 : gt == 2 ? 2 : 1; }
-  static constexpr int pv_dims(int gt, bool /*wide*/) { return gt == 1 ? 4 : gt == 2 ? 2 : 1; }
+  static constexpr int pv_dims(int gt, bool /*wide*/) { return gt == 1 ? 4 : 2; }
+  static constexpr bool kProbsInRegisters = false;
   static constexpr bool kHasBf16Dot = false;
 
   static Mask lanes(int lo, int hi) { return lane_range(lo, hi); }

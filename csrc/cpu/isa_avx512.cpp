@@ -50,6 +50,7 @@ struct Isa {
   static constexpr int kQkHeads = 6, kPvHeads = 6;
   static constexpr int qk_vecs(int gt) { return gt <= 2 ? 8 : 4; }
   static constexpr int pv_dims(int gt, bool wide) { return wide && gt <= 2 ? 8 : 4; }
+  static constexpr bool kProbsInRegisters = true;
   static constexpr bool kHasBf16Dot = true;
 
   static Mask lanes(int lo, int hi) { return lane_mask(lo, hi); }

@@ -63,7 +63,8 @@ struct Isa {
   // Register tiles (32 q registers = 8 Vec), as AVX2's.
   static constexpr int kQkHeads = 4, kPvHeads = 3;
   static constexpr int qk_vecs(int gt) { return gt == 1 ? 4 : gt == 2 ? 2 : 1; }
-  static constexpr int pv_dims(int gt, bool /*wide*/) { return gt == 1 ? 4 : gt == 2 ? 2 : 1; }
+  static constexpr int pv_dims(int gt, bool /*wide*/) { return gt == 1 ? 4 : 2; }
+  static constexpr bool kProbsInRegisters = false;
   static constexpr bool kHasBf16Dot = false;
 
   static Mask lanes(int lo, int hi) { return lane_range(lo, hi); }

@@ -20,6 +20,7 @@ struct Isa {
   static constexpr int kQkHeads = 4, kPvHeads = 4;
   static constexpr int qk_vecs(int gt) { return gt <= 2 ? 2 : 1; }
   static constexpr int pv_dims(int /*gt*/, bool /*wide*/) { return 4; }
+  static constexpr bool kProbsInRegisters = true;
   static constexpr bool kHasBf16Dot = false;
 
   static Mask lanes(int lo, int hi) { return lane_range(lo, hi); }

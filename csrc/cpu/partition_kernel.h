@@ -15,6 +15,7 @@
 //   q_row<X>(q)        X floats repeated over 16 lanes (X = 4, 8, 16)
 //   fold16 fold8 sum_x4      token sums of QK accumulators in "x form" (below)
 //   kQkHeads kPvHeads  most query heads in one register tile of QK / PV
+//   kProbsInRegisters  PV keeps a tile's probabilities in registers (else re-reads them from L1)
 //   qk_vecs(gt) pv_dims(gt, wide)   K vectors per QK pass / head dims per PV pass for a tile
 //   kHasBf16Dot        true if the layer also supplies qk_bf16dot / pv_bf16dot / probs_to_bf16
 //
@@ -221,14 +222,23 @@ inline void softmax_in_place(float* buf, int lo, int hi, float* m_out, float* s_
 template <typename Cache, int GT, int DT>
 inline void pv_chunk(const float* pc, const typename Cache::storage* vc, const TaskShape& s,
                      Mask m, Vec (&acc)[GT][DT]) {
-  Vec pv[GT];
+  if constexpr (Isa::kProbsInRegisters) {  // p loaded once, kept in registers across dims
+    Vec pv[GT];
 #pragma GCC unroll 8
-  for (int g = 0; g < GT; ++g) pv[g] = Isa::load(pc + g * s.L, m);
+    for (int g = 0; g < GT; ++g) pv[g] = Isa::load(pc + g * s.L, m);
 #pragma GCC unroll 8
-  for (int dt = 0; dt < DT; ++dt) {
-    const Vec vr = Isa::template load_cache<Cache>(vc + static_cast<int64_t>(dt) * s.bs, m);
+    for (int dt = 0; dt < DT; ++dt) {
+      const Vec vr = Isa::template load_cache<Cache>(vc + static_cast<int64_t>(dt) * s.bs, m);
 #pragma GCC unroll 8
-    for (int g = 0; g < GT; ++g) acc[g][dt] = Isa::fmadd(vr, pv[g], acc[g][dt]);
+      for (int g = 0; g < GT; ++g) acc[g][dt] = Isa::fmadd(vr, pv[g], acc[g][dt]);
+    }
+  } else {  // few registers: p re-read from L1 per dim (an FMA memory operand), more accumulators
+#pragma GCC unroll 8
+    for (int dt = 0; dt < DT; ++dt) {
+      const Vec vr = Isa::template load_cache<Cache>(vc + static_cast<int64_t>(dt) * s.bs, m);
+#pragma GCC unroll 8
+      for (int g = 0; g < GT; ++g) acc[g][dt] = Isa::fmadd(vr, Isa::load(pc + g * s.L, m), acc[g][dt]);
+    }
   }
 }
 
