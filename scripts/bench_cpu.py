@@ -1,6 +1,12 @@
 """Focused benchmark of the CPU kernel (torch.ops.paged_attn.v1/v2) against gather+SDPA and the oracle.
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python scripts/bench_cpu.py [--shapes llama4k,...] [--reps N]
+    .venv/bin/python scripts/bench_cpu.py --variants avx2-fma,avx512,avx512-bf16
+
+--variants: the kernel's compute per variant instead: one thread, K/V resident in L3 (<= 16 MiB,
+CACHE_SHAPES), variants interleaved in one process, median CPU time (process_time, less
+sensitive to other jobs than wall time) per token per KV head. Compares ISA layers and code
+changes on a shared machine.
 
 Per shape: median ms over reps after a warm-up, with the last-level cache flushed (a 256 MiB
 buffer read) before every timed call so K/V come from memory; GB/s = bytes that must move (K and V
@@ -35,6 +41,16 @@ SHAPES = {
     "mha4k": (4, 32, 32, 128, 16, 4096),
     "qwen100k": (1, 24, 4, 256, 16, 100000),
     "short256": (64, 32, 8, 128, 16, 256),
+}
+
+# in-cache shapes for --variants: name -> (num_seqs, heads, kv_heads, head, block, ctx, dtype, kv)
+CACHE_SHAPES = {
+    "llama-f32": (1, 32, 8, 128, 16, 2048, "float32", "auto"),
+    "llama-bf16": (1, 32, 8, 128, 16, 4096, "bfloat16", "auto"),
+    "qwen-bf16": (1, 24, 4, 256, 16, 4096, "bfloat16", "auto"),
+    "mha-f32": (1, 16, 16, 128, 16, 1024, "float32", "auto"),
+    "llama-fp8": (1, 32, 8, 128, 16, 4096, "bfloat16", "fp8"),
+    "short-f32": (64, 32, 8, 128, 16, 64, "float32", "auto"),
 }
 
 _FLUSH = None
@@ -85,14 +101,41 @@ def gather_sdpa(inp):
     return torch.stack(out)
 
 
+def compare_variants(variants, rounds=9, calls=5):
+    """Per CACHE_SHAPES row: median CPU ns per token per KV head of each variant."""
+    torch.set_num_threads(1)
+    print(f"1 thread, K/V in cache, CPU time; {rounds} rounds x {calls} calls, variants interleaved")
+    print(f"{'shape':11} " + " ".join(f"{v:>12}" for v in variants) + "   (ns / token / KV head)")
+    for name, (ns, nh, nkv, d, bs, ctx, dt, kv) in CACHE_SHAPES.items():
+        inp = testing.make_attention_inputs(ns, nh, nkv, d, bs, [ctx] * ns,
+                                            dtype=getattr(torch, dt), kv_cache_dtype=kv)
+        outs = testing.alloc_v2_outputs(inp)
+        times = {v: [] for v in variants}
+        for _ in range(rounds):
+            for v in variants:
+                os.environ["PAGED_ATTN_CPU_KERNEL"] = v
+                testing.call_v2(torch.ops.paged_attn.v2, inp, outs)
+                t0 = time.process_time()
+                for _ in range(calls):
+                    testing.call_v2(torch.ops.paged_attn.v2, inp, outs)
+                times[v].append((time.process_time() - t0) / calls)
+        per_token = 1e9 / (ns * ctx * nkv)
+        print(f"{name:11} " + " ".join(f"{statistics.median(times[v]) * per_token:12.1f}"
+                                       for v in variants), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--variants", help="comma-separated CPU kernel variants: compare their "
+                    "compute in cache (see the docstring) instead of the default benchmark")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--peers", action="store_true", help="also time gather+SDPA and the oracle")
     ap.add_argument("--op", default="v2", choices=["v1", "v2"])
     args = ap.parse_args()
+    if args.variants:
+        return compare_variants(args.variants.split(","))
     bw = measure_bandwidth()
     print(f"threads={torch.get_num_threads()} OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']} "
           f"read bandwidth {bw:.1f} GB/s")
