@@ -168,7 +168,7 @@ def _reexec_with_passive_omp(argv: list):
     """libgomp reads OMP_WAIT_POLICY once, when torch loads it, and torch is already loaded by
     the time this runs (the package imports it). For `bench` started from the command line with
     the variable unset, start the process again with OMP_WAIT_POLICY=PASSIVE: the default
-    spinning policy stalls small 2-thread regions by ~12 ms under load (PERF-NOTES.md)."""
+    spinning policy stalls small 2-thread regions under load (docs/PERFORMANCE.md, "Noise")."""
     if os.environ.get("OMP_WAIT_POLICY") or os.environ.get(_REEXEC_MARK):
         return
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", **{_REEXEC_MARK: "1"})

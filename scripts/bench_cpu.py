@@ -24,7 +24,7 @@ import statistics
 import sys
 import time
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (PERF-NOTES.md)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (docs/PERFORMANCE.md, "Noise")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402

@@ -11,7 +11,7 @@ rounds; the machine is shared, so read the RATIOS (computed per round, median ov
 
 import os
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (PERF-NOTES.md)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (docs/PERFORMANCE.md, "Noise")
 
 import argparse  # noqa: E402
 import json  # noqa: E402

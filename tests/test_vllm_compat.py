@@ -8,7 +8,8 @@ import torch
 
 from paged_attention_ext import reference, testing, vllm_compat
 
-# The seed's signature (seed/paged_attention_v2_pytorch.py): names, order, defaults.
+# The signature of the PyTorch reference function vLLM ports call (paged_attention_v2_pytorch):
+# names, order, defaults.
 SEED_PARAMETERS = [
     ("output", inspect.Parameter.empty), ("exp_sums", inspect.Parameter.empty),
     ("max_logits", inspect.Parameter.empty), ("tmp_output", inspect.Parameter.empty),
