@@ -11,6 +11,9 @@
 #include <torch/library.h>
 
 TORCH_LIBRARY(paged_attn, m) {
+  // The fake (meta) kernels live in Python: torch.compile / opcheck on an op whose fake kernel is
+  // missing (this library loaded without the package) import that module or say it must be.
+  m.set_python_module("paged_attention_ext._registration");
   m.def(
       "v1.scale_tensor(Tensor(a!) out, Tensor query, Tensor key_cache, Tensor value_cache, "
       "int num_kv_heads, float scale, Tensor block_tables, Tensor seq_lens, "
