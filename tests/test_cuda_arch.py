@@ -240,3 +240,59 @@ def test_compiled_check_list_matches_the_library_images():
         pytest.skip("the extension was built without CUDA kernels")
     expected = ":".join(t.name for t in parse_targets(images)).encode()
     assert b"\0" + expected + b"\0" in blob, (expected, images)
+
+
+# ---- `info`: the visible GPUs and whether our kernels run there (fake devices) ----
+
+def _detection(archs, gpus):
+    det = backends.Detection(torch_version="x", torch_cuda="13.0", cuda_available=bool(gpus),
+                             cpu_capability="AVX2", extension_loaded=True, extension_error="",
+                             extension_path="", ops_registered=True, cuda_archs=list(archs))
+    det.gpus = [backends.GpuInfo(i, name, cap, match(cap, archs) if archs else None)
+                for i, (name, cap) in enumerate(gpus)]
+    return det
+
+
+def _lines(det, compiled=True):
+    return dict(backends._describe_gpus(det, compiled))
+
+
+def test_info_without_gpu_lists_archs_and_the_gpus_they_cover():
+    lines = _lines(_detection(DEFAULT_TARGETS.split(","), []))
+    assert lines["CUDA devices"] == "none visible"
+    assert lines["CUDA archs"] == "sm_75, sm_80, sm_90, sm_100, sm_120, compute_120"
+    for gpu in ("sm_75 T4", "sm_86 A10", "sm_89 L4", "sm_100 B200", "sm_120 RTX 50"):
+        assert gpu in lines["runs on"], gpu
+    assert "sm_110 Jetson Thor" in lines["does not run on"]
+    old = _lines(_detection(["sm_80", "sm_90"], []))
+    assert [g.split()[0] for g in old["does not run on"].split("; ")] == [
+        "sm_75", "sm_100", "sm_103", "sm_110", "sm_120", "sm_121"]
+
+
+def test_info_per_gpu_verdicts():
+    det = _detection(["sm_80", "sm_90"], [("Tesla T4", (7, 5)), ("NVIDIA A10", (8, 6)),
+                                          ("NVIDIA RTX 5090", (12, 0))])
+    lines = _lines(det)
+    assert "CANNOT run" in lines["cuda:0"] and "TORCH_CUDA_ARCH_LIST=7.5" in lines["cuda:0"]
+    assert lines["cuda:1"].endswith("our kernels run (sm_80 SASS)")
+    assert "sm_120" in lines["cuda:2"] and "CANNOT run" in lines["cuda:2"]
+    ptx = _lines(_detection(["sm_80", "compute_80"], [("Future GPU", (13, 0))]))
+    assert "compute_80 PTX" in ptx["cuda:0"]
+    not_built = _lines(_detection([], [("Tesla T4", (7, 5))]), compiled=False)
+    assert not_built["CUDA archs"] == "none compiled"
+    assert "PyTorch fallback" in not_built["cuda:0"]
+
+
+def test_info_command_names_the_devices_and_the_compiled_archs():
+    import torch
+
+    proc = subprocess.run([sys.executable, "-m", "paged_attention_ext", "info"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, COLUMNS="400"))
+    assert proc.returncode == 0, proc.stderr
+    det = backends.detect()
+    if not torch.cuda.is_available():
+        assert "none visible" in proc.stdout
+    for g in det.gpus:
+        assert f"cuda:{g.index}" in proc.stdout
+    assert (", ".join(det.cuda_archs) if det.cuda_archs else "none compiled") in proc.stdout
