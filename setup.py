@@ -68,19 +68,13 @@ def _cuda_arch_module():
 
 
 def cuda_arch_flags() -> list:
-    """nvcc's -gencode flags for the resolved arch list (cuda_arch.resolve_arch_list: an explicit
-    TORCH_CUDA_ARCH_LIST, else the visible GPUs, else the default list), plus
+    """nvcc's -gencode flags for the resolved arch list (cuda_arch.resolve_build: an explicit
+    TORCH_CUDA_ARCH_LIST, else the visible GPUs + PTX of the newest, else the default list), plus
     -DPAGED_ATTN_CUDA_ARCHS naming the same images for the run-time check in ops_cuda.cu. The
-    flags come from torch's own translation of the list; passing them explicitly stops torch
-    from adding its own."""
-    cuda_arch = _cuda_arch_module()
-    env = os.environ.get("TORCH_CUDA_ARCH_LIST")
-    caps, newest = ([], None) if env and env.strip() not in ("", "native") \
-        else cuda_arch.visible_capabilities()
-    archs, why = cuda_arch.resolve_arch_list(env, caps, newest)
-    os.environ["TORCH_CUDA_ARCH_LIST"] = archs
-    flags = cpp_extension._get_cuda_arch_flags()
-    targets = cuda_arch.targets_from_gencode(flags)
+    flags are torch's own translation of the list; passing them explicitly stops torch from
+    adding its own (and from failing when no GPU is visible)."""
+    archs, why, flags, targets = _cuda_arch_module().resolve_build(
+        os.environ.get("TORCH_CUDA_ARCH_LIST"))
     if not targets:
         sys.exit(f"paged_attention_ext: TORCH_CUDA_ARCH_LIST={archs!r} gave no -gencode flags")
     print(f"paged_attention_ext: CUDA archs {archs} ({why}) -> {', '.join(targets)}",

@@ -192,17 +192,42 @@ def visible_capabilities():
     return caps, (max((s // 10, s % 10) for s in sms) if sms else None)
 
 
+def resolve_build(env: Optional[str]):
+    """What a build here compiles: (arch list, why, nvcc -gencode flags, image names). The flags
+    are torch's own translation of the list (torch.utils.cpp_extension). setup.py and
+    `main` use this; it imports torch and, when `env` does not decide, looks for GPUs."""
+    import os
+
+    from torch.utils import cpp_extension
+
+    caps, newest = ([], None) if env and env.strip() not in ("", "native") \
+        else visible_capabilities()
+    archs, why = resolve_arch_list(env, caps, newest)
+    saved = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    os.environ["TORCH_CUDA_ARCH_LIST"] = archs  # torch reads the list from the environment
+    try:
+        flags = cpp_extension._get_cuda_arch_flags()
+    finally:
+        if saved is None:
+            del os.environ["TORCH_CUDA_ARCH_LIST"]
+        else:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = saved
+    return archs, why, flags, targets_from_gencode(flags)
+
+
 def main(argv: Sequence[str]) -> int:
-    """`python cuda_arch.py resolve`: print the arch list a build here uses (CMakeLists.txt)."""
+    """`python cuda_arch.py resolve` (CMakeLists.txt): prints the arch list a build here uses and,
+    on a second line, its images colon-separated (the value of -DPAGED_ATTN_CUDA_ARCHS)."""
     if list(argv) != ["resolve"]:
         print("usage: python cuda_arch.py resolve", file=sys.stderr)
         return 2
     import os
 
-    caps, newest = visible_capabilities()
-    archs, why = resolve_arch_list(os.environ.get("TORCH_CUDA_ARCH_LIST"), caps, newest)
+    archs, why, _, targets = resolve_build(os.environ.get("TORCH_CUDA_ARCH_LIST"))
     print(archs)
-    print(f"paged_attention_ext: CUDA archs {archs} ({why})", file=sys.stderr)
+    print(":".join(targets))
+    print(f"paged_attention_ext: CUDA archs {archs} ({why}) -> {', '.join(targets)}",
+          file=sys.stderr)
     return 0
 
 

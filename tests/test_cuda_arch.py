@@ -156,7 +156,7 @@ def test_cmake_helper_prints_the_resolved_list():
                                                         "cuda_arch.py"), "resolve"],
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "7.5;12.0+PTX"
+    assert proc.stdout.splitlines() == ["7.5;12.0+PTX", "sm_75:sm_120:compute_120"]
 
 
 # ---- the C++ side: csrc/core/cuda_arch.h, compiled as a host program ----
