@@ -296,3 +296,42 @@ def test_info_command_names_the_devices_and_the_compiled_archs():
     for g in det.gpus:
         assert f"cuda:{g.index}" in proc.stdout
     assert (", ".join(det.cuda_archs) if det.cuda_archs else "none compiled") in proc.stdout
+
+
+# ---- on a GPU (scripts/device_check.sh): the check itself, whichever way it goes there ----
+
+@pytest.mark.cuda
+def test_first_call_on_each_gpu_runs_or_refuses_before_any_launch():
+    """Where the build covers the GPU, the first call passes the check and the kernel runs; where
+    it does not, the call raises the arch error (naming the GPU's arch, the compiled images and
+    the rebuild command) and no CUDA error is left behind (nothing was launched)."""
+    import torch
+
+    import paged_attention_ext as pa
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    if not backends.compiled_kernel("reshape_and_cache", "CUDA"):
+        pytest.skip("the extension has no CUDA kernels")
+    for g in backends.detect().gpus:
+        dev = f"cuda:{g.index}"
+        key = torch.randn(3, 2, 32, device=dev)
+        key_cache, value_cache = pa.allocate_kv_cache(2, 2, 32, 16, torch.float32, dev)
+        slots = torch.tensor([0, 5, 17], device=dev)
+        for attempt in range(2):  # the second call takes the cached answer
+            if g.match is None or g.match.runs:
+                torch.ops.paged_attn.reshape_and_cache(key, key, key_cache, value_cache, slots,
+                                                       "auto", 1.0, 1.0)
+                torch.cuda.synchronize(dev)
+                assert torch.equal(key_cache[1, :, :, 1, :].reshape(2, 32), key[2])
+            else:
+                with pytest.raises(RuntimeError) as info:
+                    torch.ops.paged_attn.reshape_and_cache(key, key, key_cache, value_cache,
+                                                           slots, "auto", 1.0, 1.0)
+                text = str(info.value)
+                for part in (cuda_arch.capability_name(g.capability),
+                             ", ".join(backends.detect().cuda_archs),
+                             cuda_arch.rebuild_command(g.capability)):
+                    assert part in text, part
+                torch.cuda.synchronize(dev)  # raises if a launch had failed
+                assert not key_cache.any()
