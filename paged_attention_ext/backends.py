@@ -267,9 +267,14 @@ def _describe_gpus(det: Detection, cuda_compiled: bool) -> list:
         covered, not_covered = [], []
         for name, cap in cuda_arch.COMMON_GPUS:
             m = cuda_arch.match(cap, det.cuda_archs)
-            label = f"{cuda_arch.capability_name(cap)} {name}"
-            (covered if m.runs else not_covered).append(
-                label + (f" ({m.target}{'' if m.how == 'SASS' else ', JIT'})" if m.runs else ""))
+            sm = cuda_arch.capability_name(cap)
+            if not m.runs:
+                not_covered.append(f"{name} ({sm})")
+            elif m.target == sm:
+                covered.append(f"{name} ({sm})")
+            else:  # binary-compatible SASS of an older minor, or PTX compiled by the driver
+                covered.append(f"{name} ({sm} -> {m.target}"
+                               f"{'' if m.how == 'SASS' else ' JIT'})")
         lines.append(("runs on", "; ".join(covered) or "none of the common GPUs"))
         if not_covered:
             lines.append(("does not run on", "; ".join(not_covered)))

@@ -261,12 +261,16 @@ def test_info_without_gpu_lists_archs_and_the_gpus_they_cover():
     lines = _lines(_detection(DEFAULT_TARGETS.split(","), []))
     assert lines["CUDA devices"] == "none visible"
     assert lines["CUDA archs"] == "sm_75, sm_80, sm_90, sm_100, sm_120, compute_120"
-    for gpu in ("sm_75 T4", "sm_86 A10", "sm_89 L4", "sm_100 B200", "sm_120 RTX 50"):
+    for gpu in ("T4, RTX 20 (sm_75)", "A10, A40, RTX 30 (sm_86 -> sm_80)",
+                "L4, L40S, RTX 40 (sm_89 -> sm_80)", "B200, GB200 (sm_100)",
+                "RTX 50, RTX PRO 6000 (sm_120)"):
         assert gpu in lines["runs on"], gpu
-    assert "sm_110 Jetson Thor" in lines["does not run on"]
+    assert lines["does not run on"] == "Jetson Thor (sm_110)"
     old = _lines(_detection(["sm_80", "sm_90"], []))
-    assert [g.split()[0] for g in old["does not run on"].split("; ")] == [
+    assert [g.split("(")[-1].rstrip(")") for g in old["does not run on"].split("; ")] == [
         "sm_75", "sm_100", "sm_103", "sm_110", "sm_120", "sm_121"]
+    future = _lines(_detection(["sm_90", "compute_90"], []))
+    assert "B200, GB200 (sm_100 -> compute_90 JIT)" in future["runs on"]
 
 
 def test_info_per_gpu_verdicts():
