@@ -48,7 +48,7 @@ constexpr const char* kCompiledArchs = PA_STRINGIFY(PAGED_ATTN_CUDA_ARCHS);
 constexpr const char* kCompiledArchs = "";
 #endif
 
-// Per device: 0 not checked yet, 1 our kernels run there, 2 they do not (message in g_device_error).
+// Per device: 0 not checked yet, 1 our kernels run there, 2 they do not (g_device_error says why).
 constexpr int kMaxDevices = 128;  // c10::DeviceIndex is int8_t
 std::array<std::atomic<uint8_t>, kMaxDevices> g_device_state{};
 std::array<std::string, kMaxDevices> g_device_error;
@@ -65,7 +65,8 @@ std::string check_device(int device) {
   auto device_text = [&] {
     cudaDeviceProp prop{};
     std::string text = "cuda:" + std::to_string(device);
-    if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) text += " (" + std::string(prop.name) + ")";
+    if (cudaGetDeviceProperties(&prop, device) == cudaSuccess)
+      text += " (" + std::string(prop.name) + ")";
     return text;
   };
   if (!targets.empty() && !arch::match(major, minor, targets).runs)
@@ -77,7 +78,8 @@ std::string check_device(int device) {
     (void)cudaGetLastError();  // NOTE: do not leave our error for the next launch check to find
     const std::string what = std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
     if (err == cudaErrorNoKernelImageForDevice || err == cudaErrorInvalidDeviceFunction)
-      return arch::mismatch_message(major, minor, targets, device_text()) + " (driver: " + what + ")";
+      return arch::mismatch_message(major, minor, targets, device_text()) + " (driver: " + what +
+             ")";
     return arch::load_failure_message(major, minor, targets, device_text(), what);
   }
   return "";
