@@ -8,7 +8,9 @@ Build against the torch you already have (torch is NOT a build requirement; see 
 
 Environment:
     PAGED_ATTN_BUILD_CUDA  auto (default: CUDA torch + nvcc found) | 1 (require) | 0 (CPU only)
-    TORCH_CUDA_ARCH_LIST   default "8.0;9.0" (A100, H100/H200)
+    TORCH_CUDA_ARCH_LIST   always wins when set. Unset: the archs of the GPUs visible now (+PTX of
+                           the newest), or with no GPU visible "7.5;8.0;9.0;10.0;12.0+PTX" (T4 to
+                           Blackwell; paged_attention_ext/cuda_arch.py, docs/BUILD.md)
     CUDA_HOME              default /usr/local/cuda when that folder exists
     DEBUG=1                -O0 -g;  MAX_JOBS  parallel compile jobs (ninja)
     PAGED_ATTN_SANITIZE=1  AddressSanitizer + UndefinedBehaviorSanitizer on the C++ code (CPU-only
@@ -17,6 +19,7 @@ Environment:
 """
 
 import glob
+import importlib.util
 import os
 import subprocess
 import sys
@@ -25,11 +28,11 @@ from setuptools import Command, setup
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
-# Defaults that make a CUDA build work on a machine without a GPU (BUILD-NOTES.md): torch
-# otherwise guesses CUDA_HOME=/usr/local and fails to find libcudart, and fails to pick an arch.
+# A default that makes a CUDA build work on a machine without a GPU (docs/BUILD.md): torch
+# otherwise guesses CUDA_HOME=/usr/local and fails to find libcudart. (The arch list: see
+# cuda_arch_flags below; torch alone raises IndexError when it is unset and no GPU is visible.)
 if "CUDA_HOME" not in os.environ and os.path.isdir("/usr/local/cuda"):
     os.environ["CUDA_HOME"] = "/usr/local/cuda"
-os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
 
 import torch  # noqa: E402  (after the environment defaults above)
 from torch.utils import cpp_extension  # noqa: E402
@@ -51,6 +54,33 @@ def want_cuda() -> bool:
                      "was not found")
         return True
     return available
+
+
+def _cuda_arch_module():
+    """paged_attention_ext/cuda_arch.py, loaded by path (importing the package would load a
+    possibly stale _C)."""
+    path = os.path.join(ROOT, "paged_attention_ext", "cuda_arch.py")
+    spec = importlib.util.spec_from_file_location("_paged_attn_cuda_arch", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def cuda_arch_flags() -> list:
+    """nvcc's -gencode flags for the resolved arch list (cuda_arch.resolve_build: an explicit
+    TORCH_CUDA_ARCH_LIST, else the visible GPUs + PTX of the newest, else the default list), plus
+    -DPAGED_ATTN_CUDA_ARCHS naming the same images for the run-time check in ops_cuda.cu. The
+    flags are torch's own translation of the list; passing them explicitly stops torch from
+    adding its own (and from failing when no GPU is visible)."""
+    archs, why, flags, targets = _cuda_arch_module().resolve_build(
+        os.environ.get("TORCH_CUDA_ARCH_LIST"))
+    if not targets:
+        sys.exit(f"paged_attention_ext: TORCH_CUDA_ARCH_LIST={archs!r} gave no -gencode flags")
+    print(f"paged_attention_ext: CUDA archs {archs} ({why}) -> {', '.join(targets)}",
+          file=sys.stderr)
+    # NOTE: colons, not commas: nvcc splits -D values at commas.
+    return flags + [f"-DPAGED_ATTN_CUDA_ARCHS={':'.join(targets)}"]
 
 
 def sources(pattern: str) -> list:
@@ -79,6 +109,7 @@ def extension():
     if want_cuda():
         # nvcc has no -g0 (host debug info is off by default there).
         nvcc_flags = [f for f in opt if f != "-g0"] + ["-lineinfo", "--expt-relaxed-constexpr"]
+        nvcc_flags += cuda_arch_flags()
         if os.environ.get("PAGED_ATTN_PTXAS_VERBOSE") == "1":
             nvcc_flags.append("-Xptxas=-v")
         return cpp_extension.CUDAExtension(

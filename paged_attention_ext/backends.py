@@ -18,6 +18,8 @@ from typing import Any, Optional
 
 import torch
 
+from . import cuda_arch
+
 OPS = ("v1", "v2", "reshape_and_cache")
 _LIB = "paged_attn"
 
@@ -42,6 +44,16 @@ class KeyInfo:
     where: str   # "file:line" the registration came from
 
 
+@dataclass(frozen=True)
+class GpuInfo:
+    """One visible CUDA device and whether this build's kernels can run on it."""
+
+    index: int
+    name: str
+    capability: tuple          # (major, minor)
+    match: Optional[cuda_arch.Match]  # None: no CUDA kernels compiled (or their archs unknown)
+
+
 @dataclass
 class Detection:
     torch_version: str
@@ -56,6 +68,7 @@ class Detection:
     ops_registered: bool
     kernels: dict = field(default_factory=dict)  # op -> {dispatch key -> KeyInfo}
     cuda_archs: list = field(default_factory=list)  # archs compiled into _C ("sm_90", ...)
+    gpus: list = field(default_factory=list)  # GpuInfo per visible CUDA device
     fallback_available: bool = False
     reference_available: bool = False
 
@@ -173,6 +186,12 @@ def detect() -> Detection:
     if det.extension_path and os.path.exists(det.extension_path):
         with open(det.extension_path, "rb") as f:
             det.cuda_archs = fatbin_archs(f.read())
+    if det.cuda_available:
+        for i in range(torch.cuda.device_count()):
+            cap = tuple(torch.cuda.get_device_capability(i))
+            det.gpus.append(GpuInfo(i, torch.cuda.get_device_name(i), cap,
+                                    cuda_arch.match(cap, det.cuda_archs) if det.cuda_archs
+                                    else None))
     det.fallback_available = _import("paged_attention_ext.fallback")[0] is not None
     det.reference_available = _import("paged_attention_ext.reference")[0] is not None
     return det
@@ -209,13 +228,22 @@ def active_backends(det: Optional[Detection] = None) -> list:
         backends.append(Backend("python-fallback", "cpu", torch.ops.paged_attn,
                                 "via torch.ops (no compiled CPU kernel)"))
     if det.cuda_available:
-        if all(compiled_kernel(op, "CUDA") for op in OPS):
+        # the current device: our kernels refuse a GPU the build does not cover (ops_cuda.cu)
+        current = next((g for g in det.gpus if g.index == torch.cuda.current_device()), None)
+        runs_here = current is None or current.match is None or current.match.runs
+        if all(compiled_kernel(op, "CUDA") for op in OPS) and runs_here:
             backends.append(Backend("cuda-kernel", "cuda", torch.ops.paged_attn,
                                     "archs " + (", ".join(det.cuda_archs) or "unknown")))
             fallback = _fallback_ops()
             if fallback is not None:
                 backends.append(Backend("python-fallback-cuda", "cuda", fallback,
                                         "called directly"))
+        elif all(compiled_kernel(op, "CUDA") for op in OPS):
+            fallback = _fallback_ops()
+            if fallback is not None:
+                backends.append(Backend("python-fallback-cuda", "cuda", fallback,
+                                        "called directly (our CUDA kernels cannot run on "
+                                        "this GPU)"))
         else:
             backends.append(Backend("python-fallback-cuda", "cuda", torch.ops.paged_attn,
                                     "via torch.ops (no compiled CUDA kernel)"))
@@ -226,6 +254,45 @@ def op_backend_name(device: str) -> str:
     """What torch.ops.paged_attn.v2 runs on `device`: 'C++ kernel' or 'Python fallback'."""
     key = "CUDA" if device.startswith("cuda") else "CPU"
     return "C++ kernel" if compiled_kernel("v2", key) else "Python fallback"
+
+
+def _describe_gpus(det: Detection, cuda_compiled: bool) -> list:
+    """(topic, text) lines: each visible GPU and whether our kernels run there; without a GPU,
+    which common GPUs the compiled archs cover."""
+    lines = [("CUDA archs", ", ".join(det.cuda_archs) if det.cuda_archs else
+              "none compiled" + ("" if det.extension_loaded else " (extension not loaded)"))]
+    if not det.gpus:
+        lines.append(("CUDA devices", "none visible"))
+    for g in det.gpus:
+        head = f"{g.name}, compute capability {g.capability[0]}.{g.capability[1]} " \
+               f"({cuda_arch.capability_name(g.capability)}): "
+        if not cuda_compiled:
+            text = "PyTorch fallback (no compiled CUDA kernel)"
+        elif g.match is None:
+            text = "compiled archs unknown; the first call checks with the driver"
+        elif g.match.runs:
+            text = f"our kernels run ({g.match.target} {g.match.how})"
+        else:
+            text = (f"our kernels CANNOT run (compiled for {', '.join(det.cuda_archs)}); "
+                    f"calls raise. Rebuild: `{cuda_arch.rebuild_command(g.capability)}`, or "
+                    "PAGED_ATTN_DISABLE_EXTENSION=1 for the PyTorch implementation")
+        lines.append((f"cuda:{g.index}", head + text))
+    if det.cuda_archs and not det.gpus:
+        covered, not_covered = [], []
+        for name, cap in cuda_arch.COMMON_GPUS:
+            m = cuda_arch.match(cap, det.cuda_archs)
+            sm = cuda_arch.capability_name(cap)
+            if not m.runs:
+                not_covered.append(f"{name} ({sm})")
+            elif m.target == sm:
+                covered.append(f"{name} ({sm})")
+            else:  # binary-compatible SASS of an older minor, or PTX compiled by the driver
+                covered.append(f"{name} ({sm} -> {m.target}"
+                               f"{'' if m.how == 'SASS' else ' JIT'})")
+        lines.append(("runs on", "; ".join(covered) or "none of the common GPUs"))
+        if not_covered:
+            lines.append(("does not run on", "; ".join(not_covered)))
+    return lines
 
 
 def describe(det: Detection) -> list:
@@ -259,11 +326,15 @@ def describe(det: Detection) -> list:
                       "  [PAGED_ATTN_CPU_KERNEL=<name> forces one]"))
     if cuda:
         archs = ", ".join(det.cuda_archs) or "archs unknown"
-        state = "active" if det.cuda_available else "inactive: no CUDA device"
+        usable = [g for g in det.gpus if g.match is None or g.match.runs]
+        state = ("inactive: no CUDA device" if not det.cuda_available else
+                 "active" if len(usable) == len(det.gpus) else
+                 "active on " + (", ".join(f"cuda:{g.index}" for g in usable) or "no visible GPU"))
         lines.append(("CUDA backend", f"compiled kernel ({archs}); {state}"))
     else:
         state = "PyTorch fallback" if det.cuda_available else "inactive: no CUDA device"
         lines.append(("CUDA backend", f"not compiled; {state}"))
+    lines += _describe_gpus(det, cuda)
     lines.append(("oracle", "paged_attention_ext.reference" if det.reference_available
                   else "MISSING"))
     lines.append(("fallback", "PyTorch implementation registered as CompositeExplicitAutograd "

@@ -3,8 +3,10 @@
 # per-kernel resource report (registers, stack, spills, shared memory) for each arch.
 #
 # Usage: scripts/cuda_resource_report.sh [output file]   (default docs/cuda_resource_report.txt)
-# Env:   TORCH_CUDA_ARCH_LIST (default "8.0;9.0"), NVCC (default nvcc on PATH or /usr/local/bin),
-#        JOBS (parallel nvcc processes, default 2), ONLY (a glob of .cu names, default all),
+# Env:   TORCH_CUDA_ARCH_LIST (default: the build's default list, DEFAULT_ARCH_LIST in
+#        paged_attention_ext/cuda_arch.py), NVCC (default nvcc on PATH or /usr/local/bin),
+#        JOBS (parallel nvcc processes, default 2), ONLY (space-separated globs of .cu names,
+#        default all),
 #        FROM_LOG (parse this build log instead of compiling, e.g. the output of
 #        `PAGED_ATTN_PTXAS_VERBOSE=1 python setup.py build_ext --inplace`: the real build's flags).
 # Needs no GPU and no torch: the kernel files include only csrc/ headers and the CUDA toolkit.
@@ -13,15 +15,20 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${1:-$ROOT/docs/cuda_resource_report.txt}"
 NVCC="${NVCC:-$(command -v nvcc || echo /usr/local/bin/nvcc)}"
-ARCHS="${TORCH_CUDA_ARCH_LIST:-8.0;9.0}"
+DEFAULT_ARCHS="$(sed -n 's/^DEFAULT_ARCH_LIST = "\(.*\)"$/\1/p' "$ROOT/paged_attention_ext/cuda_arch.py")"
+ARCHS="${TORCH_CUDA_ARCH_LIST:-$DEFAULT_ARCHS}"
 JOBS="${JOBS:-2}"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 
 # The torch-free kernel files (ops_cuda.cu holds only host glue).
 FILES=()
-for f in "$ROOT"/csrc/cuda/${ONLY:-*.cu}; do
-  [[ "$(basename "$f")" == ops_cuda.cu ]] || FILES+=("$f")
+read -ra GLOBS <<< "${ONLY:-*.cu}"  # NOTE: read -a does not expand the globs in the cwd
+for glob in "${GLOBS[@]}"; do
+  for f in "$ROOT"/csrc/cuda/$glob; do
+    [[ -f "$f" ]] || { echo "cuda_resource_report.sh: no file matches csrc/cuda/$glob" >&2; exit 2; }
+    [[ "$(basename "$f")" == ops_cuda.cu ]] || FILES+=("$f")
+  done
 done
 
 start=$(date +%s)
@@ -42,7 +49,8 @@ done | xargs -r -P "$JOBS" -L 1 bash -c '
 elapsed=$(( $(date +%s) - start ))
 
 # ptxas prints, per kernel: "Compiling entry function 'NAME' for 'sm_XX'", then
-# "N bytes stack frame, N bytes spill stores, N bytes spill loads", then "Used N registers, ...".
+# "N bytes stack frame, N bytes spill stores, N bytes spill loads", then "Used N registers, ...",
+# which names "N bytes smem" only when the kernel has shared memory (reshape_and_cache has none).
 python3 - "$WORK" "$OUT" "$elapsed" "$NVCC" <<'PY'
 import glob, os, re, subprocess, sys
 work, out, elapsed, nvcc = sys.argv[1:5]
@@ -59,10 +67,11 @@ for log in sorted(glob.glob(os.path.join(work, "*.log"))):
         if m and name:
             stack, spill_st, spill_ld = map(int, m.groups())
             continue
-        m = re.search(r"Used (\d+) registers.*?(\d+) bytes smem", line)
+        m = re.search(r"Used (\d+) registers", line)
         if m and name:
+            smem = re.search(r"(\d+) bytes smem", line)
             rows.append((os.path.basename(log).split(".")[0], arch, name, int(m.group(1)), stack,
-                         spill_st, spill_ld, int(m.group(2))))
+                         spill_st, spill_ld, int(smem.group(1)) if smem else 0))
             name = None
 names = sorted({r[2] for r in rows})
 try:

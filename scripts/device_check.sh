@@ -8,8 +8,9 @@
 #   1. GPU present? (nvidia-smi and torch.cuda.is_available(); exits 3 at once if not)
 #   2. build the extension with all cores for this GPU's arch (MAX_JOBS=16,
 #      TORCH_CUDA_ARCH_LIST from the device capability), ptxas resource report in the log
-#   3. tests/test_cuda_kernels.py, tests/test_warp_reduce_host.py and the CUDA cases of the
-#      fallback tests (CUDA-graph replay of the PyTorch implementation)
+#   3. tests/test_cuda_kernels.py, tests/test_warp_reduce_host.py, tests/test_cuda_arch.py (the
+#      arch check's first call on each GPU) and the CUDA cases of the fallback tests (CUDA-graph
+#      replay of the PyTorch implementation)
 #   4. python -m paged_attention_ext check (every backend on this machine vs the oracle)
 #   5. scripts/bench_cuda.py (ours vs SDPA vs the oracle, with the copy bandwidth)
 #   6. the CLI benchmark, python -m paged_attention_ext bench --device cuda
@@ -103,7 +104,7 @@ echo "ptxas: $(grep -c 'Compiling entry' "$OUT_DIR/build.log") kernels compiled,
 # ---- 3. tests ----
 # --maxfail, not -x: a first run on a GPU should show every failing case, not only the first.
 run_step tests_cuda 200 "$PY" -m pytest tests/test_cuda_kernels.py tests/test_warp_reduce_host.py \
-  "tests/test_fallback.py" -k "cuda or graph or warp" -q --maxfail=30 -rs -p no:cacheprovider
+  tests/test_cuda_arch.py "tests/test_fallback.py" -k "cuda or graph or warp" -q --maxfail=30 -rs -p no:cacheprovider
 
 # ---- 4. every backend on this machine against the oracle ----
 run_step check 120 "$PY" -m paged_attention_ext check

@@ -25,5 +25,10 @@ void launch_v2_reduce(const PagedAttentionParams& p, cudaStream_t stream);
 // grid (num_tokens); num_tokens > 0.
 void launch_reshape_and_cache(const ReshapeAndCacheParams& p, cudaStream_t stream);
 
+// Asks the driver to load one of our kernels on the current device (cudaFuncGetAttributes): the
+// error a launch would meet (cudaErrorNoKernelImageForDevice, a PTX the driver cannot compile),
+// without launching anything. Every .cu file is built with the same -gencode flags.
+cudaError_t probe_kernel_image();
+
 }  // namespace cuda
 }  // namespace paged_attn

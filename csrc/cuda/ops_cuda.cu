@@ -8,15 +8,25 @@
 // max_seq_len. Bad data (block ids, lengths) is the kernels' business: they never read out of
 // bounds and write NaN rows (docs/DESIGN.md); api.paged_attention(..., validate=True) raises
 // instead.
+//
+// Arch check: before the first launch on each device, require_kernels_for() decides whether this
+// build's images (PAGED_ATTN_CUDA_ARCHS, set by setup.py from the real -gencode flags) can run on
+// that GPU (csrc/core/cuda_arch.h) and asks the driver to load one kernel; either failing raises
+// an error naming the GPU's arch, the compiled archs and the rebuild command. The answer is cached
+// per device: later calls cost one atomic load (no CUDA call, no sync).
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <array>
+#include <atomic>
+#include <mutex>
 #include <optional>
 #include <string>
 
+#include "../core/cuda_arch.h"
 #include "../torch_glue/overloads.h"
 #include "../torch_glue/validate.h"
 #include "dispatch.cuh"
@@ -26,6 +36,72 @@ namespace paged_attn {
 namespace {
 
 constexpr int64_t kMaxGridYZ = 65535;  // CUDA grid dims y and z
+
+// The images this library holds, as a string: "sm_75:sm_80:...:compute_120" (colons: nvcc splits
+// -D values at commas). Empty when the build did not say (e.g. a CMake build without it): then
+// only the driver's probe decides.
+#define PA_STRINGIFY_(...) #__VA_ARGS__
+#define PA_STRINGIFY(...) PA_STRINGIFY_(__VA_ARGS__)
+#ifdef PAGED_ATTN_CUDA_ARCHS
+constexpr const char* kCompiledArchs = PA_STRINGIFY(PAGED_ATTN_CUDA_ARCHS);
+#else
+constexpr const char* kCompiledArchs = "";
+#endif
+
+// Per device: 0 not checked yet, 1 our kernels run there, 2 they do not (g_device_error says why).
+constexpr int kMaxDevices = 128;  // c10::DeviceIndex is int8_t
+std::array<std::atomic<uint8_t>, kMaxDevices> g_device_state{};
+std::array<std::string, kMaxDevices> g_device_error;
+std::mutex g_device_mutex;
+
+// The slow path, once per device (the caller holds a CUDAGuard for it): "" when our kernels can
+// run there, else the error text.
+std::string check_device(int device) {
+  int major = 0, minor = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  std::vector<arch::Target> targets;
+  arch::parse_targets(kCompiledArchs, targets);
+  auto device_text = [&] {
+    cudaDeviceProp prop{};
+    std::string text = "cuda:" + std::to_string(device);
+    if (cudaGetDeviceProperties(&prop, device) == cudaSuccess)
+      text += " (" + std::string(prop.name) + ")";
+    return text;
+  };
+  if (!targets.empty() && !arch::match(major, minor, targets).runs)
+    return arch::mismatch_message(major, minor, targets, device_text());
+  // The driver's answer for one kernel: catches what the list cannot (no list, a driver too old
+  // for the PTX). Loads (or JIT-compiles) that kernel now instead of at its first launch.
+  const cudaError_t err = cuda::probe_kernel_image();
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();  // NOTE: do not leave our error for the next launch check to find
+    const std::string what = std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
+    if (err == cudaErrorNoKernelImageForDevice || err == cudaErrorInvalidDeviceFunction)
+      return arch::mismatch_message(major, minor, targets, device_text()) + " (driver: " + what +
+             ")";
+    return arch::load_failure_message(major, minor, targets, device_text(), what);
+  }
+  return "";
+}
+
+// Raises unless this build's kernels can run on `device`. Hot path: one atomic load.
+void require_kernels_for(c10::DeviceIndex device) {
+  TORCH_CHECK(device >= 0 && device < kMaxDevices, "paged_attn: CUDA device index ", int(device),
+              " out of range");
+  uint8_t state = g_device_state[device].load(std::memory_order_acquire);
+  if (C10_LIKELY(state == 1)) return;
+  if (state == 0) {
+    const std::lock_guard<std::mutex> lock(g_device_mutex);
+    state = g_device_state[device].load(std::memory_order_acquire);
+    if (state == 0) {
+      g_device_error[device] = check_device(device);
+      state = g_device_error[device].empty() ? 1 : 2;
+      g_device_state[device].store(state, std::memory_order_release);
+    }
+  }
+  TORCH_CHECK(state == 1, g_device_error[device]);
+}
 
 // Checks the CUDA kernels add to make_attention_params' (shapes only, no data).
 void check_cuda_attention(const char* op, const PagedAttentionParams& p,
@@ -89,6 +165,7 @@ void attention(const char* op, const at::Tensor& out, const at::Tensor* exp_sums
                const std::string& kv_cache_dtype, ScaleArg k_scale, ScaleArg v_scale,
                BlocksparseArgs blocksparse) {
   const c10::cuda::CUDAGuard device_guard(query.device());
+  require_kernels_for(query.device().index());
   const PagedAttentionParams p = make_attention_params(
       op, out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, num_kv_heads, scale,
       block_tables, seq_lens, block_size, max_seq_len, alibi_slopes, kv_cache_dtype, k_scale,
@@ -109,6 +186,7 @@ void cache(const at::Tensor& key, const at::Tensor& value, const at::Tensor& key
            const at::Tensor& value_cache, const at::Tensor& slot_mapping,
            const std::string& kv_cache_dtype, ScaleArg k_scale, ScaleArg v_scale) {
   const c10::cuda::CUDAGuard device_guard(key.device());
+  require_kernels_for(key.device().index());
   const ReshapeAndCacheParams p =
       make_cache_params("reshape_and_cache", key, value, key_cache, value_cache, slot_mapping,
                         kv_cache_dtype, k_scale, v_scale);

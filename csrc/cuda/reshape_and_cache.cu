@@ -40,5 +40,11 @@ void launch_reshape_and_cache(const ReshapeAndCacheParams& p, cudaStream_t strea
   }
 }
 
+cudaError_t probe_kernel_image() {
+  cudaFuncAttributes attributes;
+  return cudaFuncGetAttributes(&attributes,
+                               reshape_and_cache_kernel<float, float, kCacheThreads>);
+}
+
 }  // namespace cuda
 }  // namespace paged_attn

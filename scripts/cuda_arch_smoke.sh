@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# cuda_arch_smoke.sh — CI's check of the archs its main build does not compile: one instantiation
+# file of each kernel family, compiled for each arch with `ptxas -v`, must compile, hold every
+# family for every arch, and spill nothing (scripts/cuda_resource_report.sh does the compiling and
+# the spill check). About a minute of CPU on CI's 2 cores for the defaults.
+#
+# Usage: scripts/cuda_arch_smoke.sh [output file]      (default build/cuda_arch_smoke.txt)
+# Env:   SMOKE_ARCHS  default "7.5;10.0;12.0": the archs of the default build list
+#                     (paged_attention_ext/cuda_arch.py) that CI's main build (8.0;9.0) leaves out
+#        SMOKE_FILES  default "attention_bf16_auto.cu reshape_and_cache.cu":
+#                     attention_bf16_auto.cu holds the attention kernels AND the v2 reduce kernel of
+#                     one dtype (only the *_auto.cu files instantiate the reduce kernel; bf16: its
+#                     conversions are emulated before sm_80, so sm_75 compiles other code than CI's
+#                     main build); reshape_and_cache.cu holds every reshape_and_cache kernel. (The
+#                     software fp8 decode used before sm_89 is compiled by the main build's sm_80.)
+#        JOBS, NVCC   as in cuda_resource_report.sh
+# Needs nvcc; no GPU, no torch. Exit status non-zero on a compile error, a spill, or a family
+# missing for an arch.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="${1:-$ROOT/build/cuda_arch_smoke.txt}"
+ARCHS="${SMOKE_ARCHS:-7.5;10.0;12.0}"
+FILES="${SMOKE_FILES:-attention_bf16_auto.cu reshape_and_cache.cu}"
+mkdir -p "$(dirname "$OUT")"
+
+TORCH_CUDA_ARCH_LIST="$ARCHS" ONLY="$FILES" bash "$ROOT/scripts/cuda_resource_report.sh" "$OUT"
+
+# Every family compiled for every arch (the report lists one row per kernel and arch).
+python3 - "$OUT" "$ARCHS" <<'PY'
+import sys
+out, archs = sys.argv[1:3]
+families = ("paged_attention_kernel", "paged_attention_v2_reduce_kernel",
+            "reshape_and_cache_kernel")
+rows = [line.split(None, 6) for line in open(out) if not line.startswith("#")][1:]
+missing = []
+for arch in archs.split(";"):
+    sm = "sm_" + arch.replace("+PTX", "").replace(".", "")
+    names = [r[6] for r in rows if r[0] == sm]
+    for family in families:
+        count = sum(1 for n in names if family in n)  # also when names are mangled
+        print(f"{sm:7} {family:34} {count:3d} kernels")
+        if count == 0:
+            missing.append(f"{family} for {sm}")
+if missing:
+    sys.exit("cuda_arch_smoke.sh: not compiled: " + ", ".join(missing))
+PY
