@@ -24,6 +24,7 @@ OUT_DIR="${1:-${OUT:-$ROOT/device-out}}"
 mkdir -p "$OUT_DIR"
 OUT_DIR="$(cd "$OUT_DIR" && pwd)"
 cd "$ROOT"
+export PAGED_ATTN_REQUIRE_EXTENSION=1  # step 2 builds _C: a later step must not fall back silently
 
 if [[ -n "${PYTHON:-}" ]]; then
   PY="$PYTHON"
