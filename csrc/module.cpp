@@ -26,9 +26,9 @@ PyObject* cpu_kernel_variants(PyObject*, PyObject*) {
   PyObject* list = PyList_New(static_cast<Py_ssize_t>(statuses.size()));
   if (list == nullptr) return nullptr;
   for (size_t i = 0; i < statuses.size(); ++i) {
-    PyObject* item = Py_BuildValue("(sOs)", statuses[i].variant->name,
-                                   statuses[i].runnable ? Py_True : Py_False,
-                                   statuses[i].why_not.c_str());
+    PyObject* item =
+        Py_BuildValue("(sOs)", statuses[i].variant->name, statuses[i].runnable ? Py_True : Py_False,
+                      statuses[i].why_not.c_str());
     if (item == nullptr) {
       Py_DECREF(list);
       return nullptr;

@@ -60,8 +60,6 @@ class Detection:
     torch_cuda: Optional[str]
     cuda_available: bool
     cpu_capability: str  # torch's own SIMD level (ATen kernels), not ours
-    cpu_kernel: str      # the CPU kernel variant our ops run ("avx2-fma", ...) or the error
-    cpu_kernel_variants: list  # [(name, runnable, why_not)] of this build, best first
     extension_loaded: bool
     extension_error: str
     extension_path: str
@@ -69,6 +67,8 @@ class Detection:
     kernels: dict = field(default_factory=dict)  # op -> {dispatch key -> KeyInfo}
     cuda_archs: list = field(default_factory=list)  # archs compiled into _C ("sm_90", ...)
     gpus: list = field(default_factory=list)  # GpuInfo per visible CUDA device
+    cpu_kernel: str = ""  # the CPU kernel variant our ops run ("avx2-fma", ...) or the error
+    cpu_kernel_variants: list = field(default_factory=list)  # [(name, runnable, why_not)]
     fallback_available: bool = False
     reference_available: bool = False
 

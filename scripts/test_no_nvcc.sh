@@ -15,6 +15,7 @@ NO_NVCC_PATH="$(tr ':' '\n' <<<"$PATH" | while read -r d; do [[ -x "$d/nvcc" ]] 
 if [[ $# -eq 0 ]]; then
   set -- tests/test_reference.py tests/test_fallback.py tests/test_bad_input.py \
          tests/test_registry.py tests/test_opcheck_compile.py tests/test_extension_load.py \
+         tests/test_cpu_kernel.py tests/test_cpu_kernel_choice.py tests/test_cpu_isa_isolation.py \
          -m "not slow"
 fi
 cd "$COPY"

@@ -15,7 +15,7 @@ import paged_attention_ext as pa
 
 pytestmark = [
     pytest.mark.skipif(not pa.extension_loaded(),
-                       reason=f"compiled extension not loaded: {pa.EXTENSION_IMPORT_ERROR}"),
+                       reason=f"compiled extension: {pa.extension_status()}"),
     pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86-64 registers"),
     pytest.mark.skipif(shutil.which("objdump") is None, reason="objdump (binutils) not installed"),
 ]

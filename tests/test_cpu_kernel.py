@@ -18,7 +18,7 @@ import paged_attention_ext
 from paged_attention_ext import reference, testing
 
 pytestmark = pytest.mark.skipif(not paged_attention_ext.extension_loaded(),
-                                reason="compiled extension not built")
+                                reason=f"compiled extension: {paged_attention_ext.extension_status()}")
 
 OPS = torch.ops.paged_attn
 

@@ -12,7 +12,7 @@ import paged_attention_ext as pa
 from paged_attention_ext import testing
 
 pytestmark = pytest.mark.skipif(not pa.extension_loaded(),
-                                reason=f"compiled extension not loaded: {pa.EXTENSION_IMPORT_ERROR}")
+                                reason=f"compiled extension: {pa.extension_status()}")
 
 
 def _cpu_flags() -> set:

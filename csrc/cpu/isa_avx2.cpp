@@ -33,8 +33,8 @@ inline __m256 e4m3x8(__m128i bytes) {
   const __m128i w = _mm_cvtepu8_epi16(bytes);
   const __m128i mag = _mm_and_si128(w, _mm_set1_epi16(0x7F));
   const __m128i sign = _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8);
-  const __m256 f = _mm256_mul_ps(half8(_mm_or_si128(_mm_slli_epi16(mag, 7), sign)),
-                                 _mm256_set1_ps(256.0f));
+  const __m256 f =
+      _mm256_mul_ps(half8(_mm_or_si128(_mm_slli_epi16(mag, 7), sign)), _mm256_set1_ps(256.0f));
   const __m256i nan = _mm256_cvtepi16_epi32(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7F)));
   return _mm256_blendv_ps(f, _mm256_set1_ps(NAN), _mm256_castsi256_ps(nan));
 }
@@ -152,7 +152,8 @@ struct Isa {
               half8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))};
     } else if constexpr (std::is_base_of_v<BF16, Cache>) {  // bf16 bits are fp32's top half
       const __m256i a = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-      const __m256i b = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
+      const __m256i b =
+          _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
       return {_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)),
               _mm256_castsi256_ps(_mm256_slli_epi32(b, 16))};
     } else if constexpr (std::is_same_v<Cache, E5M2>) {  // an e5m2 byte is an fp16's top byte

@@ -122,8 +122,8 @@ struct Isa {
     if (m.full()) return v;
     for (int i = 0; i < 4; ++i) {
       const int32x4_t idx = vaddq_s32(vld1q_s32(kIota), vdupq_n_s32(4 * i));
-      const uint32x4_t keep = vandq_u32(vcgeq_s32(idx, vdupq_n_s32(m.lo)),
-                                        vcltq_s32(idx, vdupq_n_s32(m.hi)));
+      const uint32x4_t keep =
+          vandq_u32(vcgeq_s32(idx, vdupq_n_s32(m.lo)), vcltq_s32(idx, vdupq_n_s32(m.hi)));
       v.v[i] = vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(v.v[i]), keep));
     }
     return v;

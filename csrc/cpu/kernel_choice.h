@@ -13,7 +13,7 @@ namespace cpu {
 
 struct VariantStatus {
   const KernelVariant* variant;
-  bool runnable;     // the CPU supports it and torch's capability does not cap it
+  bool runnable;        // the CPU supports it and torch's capability does not cap it
   std::string why_not;  // when not runnable: the reason, in words
 };
 

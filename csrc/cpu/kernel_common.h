@@ -29,9 +29,7 @@ struct LaneRange {
   bool empty() const { return hi <= lo; }
 };
 
-inline LaneRange lane_range(int lo, int hi) {
-  return LaneRange{std::max(lo, 0), std::min(hi, 16)};
-}
+inline LaneRange lane_range(int lo, int hi) { return LaneRange{std::max(lo, 0), std::min(hi, 16)}; }
 
 // Copies lanes [r.lo, r.hi) of src into a 16-element dst zeroed elsewhere (reads nothing else).
 template <typename T>
@@ -51,7 +49,6 @@ constexpr float kCoef[6] = {1.9875691500E-4f, 1.3981999507E-3f, 8.3334519073E-3f
 
 // Prefetch into L2 (prefetcht1 on x86, PRFM PLDL2KEEP on aarch64).
 inline void prefetch_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
-
 
 // One block of the partition: where its [kv_head] slice starts and which slots are ours.
 struct Span {
@@ -93,8 +90,7 @@ struct PrefetchStream {
 };
 
 // The blocks of the partition of `task` (tokens [t_begin, t_end)); returns their count.
-inline int partition_spans(const PagedAttentionParams& p, PartitionTask task, int bs,
-                           Span* spans) {
+inline int partition_spans(const PagedAttentionParams& p, PartitionTask task, int bs, Span* spans) {
   const int seq_len = p.seq_lens[task.seq];
   const int t_begin = task.partition * kPartitionSize;
   const int t_end = std::min(seq_len, t_begin + kPartitionSize);

@@ -66,7 +66,8 @@ inline void store_token_sums(const Vec* acc, float* dst, int ntok) {
   Vec v8[N8], v4[N4 < 4 ? 4 : ((N4 + 3) / 4) * 4];
   if constexpr (X == 16) {
 #pragma GCC unroll 8
-    for (int i = 0; i < N8; ++i) v8[i] = Isa::fold16(acc[2 * i], 2 * i + 1 < JT ? acc[2 * i + 1] : Isa::zero());
+    for (int i = 0; i < N8; ++i)
+      v8[i] = Isa::fold16(acc[2 * i], 2 * i + 1 < JT ? acc[2 * i + 1] : Isa::zero());
   } else {
 #pragma GCC unroll 8
     for (int i = 0; i < N8; ++i) v8[i] = acc[i];
@@ -76,25 +77,28 @@ inline void store_token_sums(const Vec* acc, float* dst, int ntok) {
     for (int i = 0; i < N4; ++i) v4[i] = v8[i];
   } else {
 #pragma GCC unroll 8
-    for (int i = 0; i < N4; ++i) v4[i] = Isa::fold8(v8[2 * i], 2 * i + 1 < N8 ? v8[2 * i + 1] : Isa::zero());
+    for (int i = 0; i < N4; ++i)
+      v4[i] = Isa::fold8(v8[2 * i], 2 * i + 1 < N8 ? v8[2 * i + 1] : Isa::zero());
   }
   constexpr int kPadded = N4 < 4 ? 4 : ((N4 + 3) / 4) * 4;
   for (int i = N4; i < kPadded; ++i) v4[i] = Isa::zero();
 #pragma GCC unroll 8
   for (int i = 0; i < N4; i += 4, ntok -= 16)
-    Isa::store(dst + 4 * i, Isa::sum_x4(v4[i], v4[i + 1], v4[i + 2], v4[i + 3]), Isa::lanes(0, ntok));
+    Isa::store(dst + 4 * i, Isa::sum_x4(v4[i], v4[i + 1], v4[i + 2], v4[i + 3]),
+               Isa::lanes(0, ntok));
 }
 
 // acc[g][jt] += K row c's vectors j + 16 jt ... times q's X dims of row c, over all rows.
 // kFull: every lane of the JT vectors is in the row (no mask test in the loop).
 template <typename Cache, int GT, int JT, bool kFull>
-inline void qk_rows(const typename Cache::storage* kblk, const float* qs, const TaskShape& s,
-                    int j, Vec (&acc)[GT][JT], const char* pf_a, const char* pf_b) {
+inline void qk_rows(const typename Cache::storage* kblk, const float* qs, const TaskShape& s, int j,
+                    Vec (&acc)[GT][JT], const char* pf_a, const char* pf_b) {
   constexpr int X = 16 / static_cast<int>(sizeof(typename Cache::storage));
   const int64_t row_bytes = s.kv_bytes / s.C;  // bytes of one K row c
   Mask m[JT];
 #pragma GCC unroll 8
-  for (int jt = 0; jt < JT; ++jt) m[jt] = kFull ? Isa::lanes(0, 16) : Isa::lanes(0, s.R - j - 16 * jt);
+  for (int jt = 0; jt < JT; ++jt)
+    m[jt] = kFull ? Isa::lanes(0, 16) : Isa::lanes(0, s.R - j - 16 * jt);
   for (int c = 0; c < s.C; ++c) {
     const auto* kp = kblk + static_cast<int64_t>(c) * s.R + j;
     if (j == 0) {  // spread the prefetches over this block's compute
@@ -173,8 +177,8 @@ template <typename Cache, int GT>
 void qk_tile_of(const typename Cache::storage* kblk, const float* qs, float qk_scale,
                 const TaskShape& s, float* logits, const char* pf_a, const char* pf_b) {
   if constexpr (std::is_same_v<Cache, BF16Dot>) {  // bf16 query, see run_partition
-    IsaFor<Cache>::type::template qk_bf16dot<GT>(kblk, reinterpret_cast<const uint16_t*>(qs), qk_scale, s,
-                                 logits, pf_a, pf_b);
+    IsaFor<Cache>::type::template qk_bf16dot<GT>(kblk, reinterpret_cast<const uint16_t*>(qs),
+                                                 qk_scale, s, logits, pf_a, pf_b);
   } else {
     (void)qk_scale;  // folded into qs
     qk_block<Cache, GT, Isa::qk_vecs(GT)>(kblk, qs, s, logits, pf_a, pf_b);
@@ -185,12 +189,17 @@ template <typename Cache>
 void qk_tile(int gt, const typename Cache::storage* kblk, const float* qs, float qk_scale,
              const TaskShape& s, float* logits, const char* pf_a, const char* pf_b) {
   switch (gt) {
-    case 1: return qk_tile_of<Cache, 1>(kblk, qs, qk_scale, s, logits, pf_a, pf_b);
-    case 2: return qk_tile_of<Cache, 2>(kblk, qs, qk_scale, s, logits, pf_a, pf_b);
-    case 3: return qk_tile_of<Cache, 3>(kblk, qs, qk_scale, s, logits, pf_a, pf_b);
-    case 4: return qk_tile_of<Cache, 4>(kblk, qs, qk_scale, s, logits, pf_a, pf_b);
+    case 1:
+      return qk_tile_of<Cache, 1>(kblk, qs, qk_scale, s, logits, pf_a, pf_b);
+    case 2:
+      return qk_tile_of<Cache, 2>(kblk, qs, qk_scale, s, logits, pf_a, pf_b);
+    case 3:
+      return qk_tile_of<Cache, 3>(kblk, qs, qk_scale, s, logits, pf_a, pf_b);
+    case 4:
+      return qk_tile_of<Cache, 4>(kblk, qs, qk_scale, s, logits, pf_a, pf_b);
     default:
-      if constexpr (Isa::kQkHeads >= 6) return qk_tile_of<Cache, 6>(kblk, qs, qk_scale, s, logits, pf_a, pf_b);
+      if constexpr (Isa::kQkHeads >= 6)
+        return qk_tile_of<Cache, 6>(kblk, qs, qk_scale, s, logits, pf_a, pf_b);
   }
 }
 
@@ -220,8 +229,8 @@ inline void softmax_in_place(float* buf, int lo, int hi, float* m_out, float* s_
 // chunk (head stride s.L); vc: V row d0 of the chunk (row stride s.bs). Inlined with a constant
 // full mask for whole chunks, so the ISAs without mask registers test nothing there.
 template <typename Cache, int GT, int DT>
-inline void pv_chunk(const float* pc, const typename Cache::storage* vc, const TaskShape& s,
-                     Mask m, Vec (&acc)[GT][DT]) {
+inline void pv_chunk(const float* pc, const typename Cache::storage* vc, const TaskShape& s, Mask m,
+                     Vec (&acc)[GT][DT]) {
   if constexpr (Isa::kProbsInRegisters) {  // p loaded once, kept in registers across dims
     Vec pv[GT];
 #pragma GCC unroll 8
@@ -237,7 +246,8 @@ inline void pv_chunk(const float* pc, const typename Cache::storage* vc, const T
     for (int dt = 0; dt < DT; ++dt) {
       const Vec vr = Isa::template load_cache<Cache>(vc + static_cast<int64_t>(dt) * s.bs, m);
 #pragma GCC unroll 8
-      for (int g = 0; g < GT; ++g) acc[g][dt] = Isa::fmadd(vr, Isa::load(pc + g * s.L, m), acc[g][dt]);
+      for (int g = 0; g < GT; ++g)
+        acc[g][dt] = Isa::fmadd(vr, Isa::load(pc + g * s.L, m), acc[g][dt]);
     }
   }
 }
@@ -246,16 +256,15 @@ inline void pv_chunk(const float* pc, const typename Cache::storage* vc, const T
 // head dims in tiles of DT (D % DT == 0). probs: [GT][L]; out row g at out + g * out_stride.
 // pf.step() once per (dim tile, block).
 // The block is all in the partition.
-inline bool whole_chunks(const TaskShape& s, const Span& sp) {
-  return sp.lo == 0 && sp.hi == s.bs;
-}
+inline bool whole_chunks(const TaskShape& s, const Span& sp) { return sp.lo == 0 && sp.hi == s.bs; }
 
 // The slots [sp.lo, sp.hi) of one block into acc: 16-token chunks, lanes outside masked.
 template <typename Cache, int GT, int DT>
 inline void pv_span_masked(const typename Cache::storage* vb, const Span& sp, const float* probs,
                            const TaskShape& s, Vec (&acc)[GT][DT]) {
   for (int tc = sp.lo & ~15; tc < sp.hi; tc += 16)
-    pv_chunk<Cache, GT, DT>(probs + sp.buf + tc, vb + tc, s, Isa::lanes(sp.lo - tc, sp.hi - tc), acc);
+    pv_chunk<Cache, GT, DT>(probs + sp.buf + tc, vb + tc, s, Isa::lanes(sp.lo - tc, sp.hi - tc),
+                            acc);
 }
 
 // out[g][d] = norm[g] * sum over the partition's tokens of p[g][t] * V[t][d], heads [0, GT),
@@ -282,13 +291,15 @@ void pv_tile(const typename Cache::storage* V, const Span* spans, int nspans, co
       for (int dt = 0; dt < DT; ++dt) acc[g][dt] = Isa::zero();
     pf.step(nspans);
     const int64_t row0 = static_cast<int64_t>(d0) * s.bs;
-    for (int i = 0; i < w0; ++i) pv_span_masked<Cache, GT, DT>(V + spans[i].offset + row0, spans[i], probs, s, acc);
+    for (int i = 0; i < w0; ++i)
+      pv_span_masked<Cache, GT, DT>(V + spans[i].offset + row0, spans[i], probs, s, acc);
     for (int i = w0; i < w1; ++i) {
       const auto* vb = V + spans[i].offset + row0;
       const float* pb = probs + spans[i].buf;
       for (int tc = 0; tc < s.bs; tc += 16) pv_chunk<Cache, GT, DT>(pb + tc, vb + tc, s, all, acc);
     }
-    for (int i = w1; i < nspans; ++i) pv_span_masked<Cache, GT, DT>(V + spans[i].offset + row0, spans[i], probs, s, acc);
+    for (int i = w1; i < nspans; ++i)
+      pv_span_masked<Cache, GT, DT>(V + spans[i].offset + row0, spans[i], probs, s, acc);
 #pragma GCC unroll 8
     for (int g = 0; g < GT; ++g) {
       float* o = out + g * out_stride + d0;
@@ -305,15 +316,17 @@ void pv_tile(const typename Cache::storage* V, const Span* spans, int nspans, co
 }
 
 template <typename Cache, int GT>
-void pv_tile_of(const typename Cache::storage* V, const Span* spans, int nspans,
-                const float* probs, const TaskShape& s, const float* norm, float* out,
-                int64_t out_stride, PrefetchStream& pf) {
+void pv_tile_of(const typename Cache::storage* V, const Span* spans, int nspans, const float* probs,
+                const TaskShape& s, const float* norm, float* out, int64_t out_stride,
+                PrefetchStream& pf) {
   const bool wide = s.D % 8 == 0;
   if constexpr (std::is_same_v<Cache, BF16Dot>) {  // probabilities in bf16, see probs_to_bf16
     const auto* pb = reinterpret_cast<const uint16_t*>(probs);
     if (wide && Isa::pv_dims(GT, true) == 8)
-      return IsaFor<Cache>::type::template pv_bf16dot<GT, 8>(V, spans, nspans, pb, s, norm, out, out_stride, pf);
-    return IsaFor<Cache>::type::template pv_bf16dot<GT, 4>(V, spans, nspans, pb, s, norm, out, out_stride, pf);
+      return IsaFor<Cache>::type::template pv_bf16dot<GT, 8>(V, spans, nspans, pb, s, norm, out,
+                                                             out_stride, pf);
+    return IsaFor<Cache>::type::template pv_bf16dot<GT, 4>(V, spans, nspans, pb, s, norm, out,
+                                                           out_stride, pf);
   } else {
     constexpr int kWide = Isa::pv_dims(GT, true), kNarrow = Isa::pv_dims(GT, false);
     if (wide && kWide != kNarrow)
@@ -327,9 +340,12 @@ void pv_heads(int gt, const typename Cache::storage* V, const Span* spans, int n
               const float* probs, const TaskShape& s, const float* norm, float* out,
               int64_t out_stride, PrefetchStream& pf) {
   switch (gt) {
-    case 1: return pv_tile_of<Cache, 1>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
-    case 2: return pv_tile_of<Cache, 2>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
-    case 3: return pv_tile_of<Cache, 3>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
+    case 1:
+      return pv_tile_of<Cache, 1>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
+    case 2:
+      return pv_tile_of<Cache, 2>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
+    case 3:
+      return pv_tile_of<Cache, 3>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
     case 4:
       if constexpr (Isa::kPvHeads >= 4)
         return pv_tile_of<Cache, 4>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
@@ -396,8 +412,8 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
     for (int64_t off = 0; off < s.kv_bytes; off += 64) prefetch_l2(k + off);
   }
   for (int i = 0; i < nspans; ++i) {
-    const char* pf_k = i + kAhead < nspans
-                           ? reinterpret_cast<const char*>(K + spans[i + kAhead].offset) : nullptr;
+    const char* pf_k =
+        i + kAhead < nspans ? reinterpret_cast<const char*>(K + spans[i + kAhead].offset) : nullptr;
     const char* pf_v = reinterpret_cast<const char*>(V + spans[i].offset);
     for (int g0 = 0; g0 < G;) {
       const int gt = tile_heads(G, g0, Isa::kQkHeads);
@@ -421,7 +437,8 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
     float* l = logits + static_cast<int64_t>(g) * s.L;
     if (p.alibi_slopes) {
       const float slope = p.alibi_slopes[h0 + g];
-      for (int b = lo; b < hi; ++b) l[b] += slope * static_cast<float>(t_at_lo + (b - lo) - seq_len + 1);
+      for (int b = lo; b < hi; ++b)
+        l[b] += slope * static_cast<float>(t_at_lo + (b - lo) - seq_len + 1);
     }
     float mx, sum;
     softmax_in_place(l, lo, hi, &mx, &sum);
@@ -461,9 +478,8 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
 
 // The kernel for every cache kind; bf16_dot: a bf16 cache's QK and PV on the layer's bf16
 // dot-product instruction (only where Isa::kHasBf16Dot and the CPU has it).
-inline void run_any_cache(const PagedAttentionParams& p, const KernelInputs& in,
-                          PartitionTask task, const PartitionTask* next, float* scratch,
-                          bool bf16_dot) {
+inline void run_any_cache(const PagedAttentionParams& p, const KernelInputs& in, PartitionTask task,
+                          const PartitionTask* next, float* scratch, bool bf16_dot) {
   switch (p.cache_kind) {
     case CacheKind::kFp8E4M3:
       return run_partition<E4M3>(p, in, task, next, scratch);
@@ -487,8 +503,8 @@ inline void run_any_cache(const PagedAttentionParams& p, const KernelInputs& in,
 }
 
 // The variant's entry point (attention_kernel.h); cpu_supports() is the ISA file's own.
-void attention_partition(const PagedAttentionParams& p, const KernelInputs& in,
-                         PartitionTask task, const PartitionTask* next, float* scratch) {
+void attention_partition(const PagedAttentionParams& p, const KernelInputs& in, PartitionTask task,
+                         const PartitionTask* next, float* scratch) {
   run_any_cache(p, in, task, next, scratch, /*bf16_dot=*/false);
 }
 
