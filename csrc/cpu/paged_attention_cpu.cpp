@@ -38,11 +38,10 @@ float cache_scale(const PagedAttentionParams& p, const float* ptr, float value) 
   return ptr != nullptr ? *ptr : value;
 }
 
-// Work items per thread at least: enough that each thread reads kMinBytesPerThread of K / V
-// (measured: a 2 MiB call took 0.086 ms in one thread, 0.097-0.17 ms in two).
-// Below that the whole call runs in the calling thread: waking a second OpenMP thread costs
-// ~10-50 us when its core is free, and milliseconds when another process holds that core (a
-// tiny call then waits a scheduler time slice at the region's closing barrier).
+// Work items per thread at least: enough that each thread reads kMinBytesPerThread of K / V.
+// Below that the whole call runs in the calling thread: waking a second OpenMP thread costs more
+// than such a call gains from it, far more when another process holds that core (a tiny call
+// then waits a scheduler time slice at the region's closing barrier; docs/CPU_KERNEL.md).
 constexpr int64_t kMinBytesPerThread = 4 << 20;
 
 int64_t task_grain(const PagedAttentionParams& p, int64_t n_tasks) {
@@ -94,9 +93,8 @@ void paged_attention(const char* op, const PagedAttentionParams& p, const at::Te
   for (int s = 0; s < p.num_seqs; ++s) longest = std::max(longest, p.seq_lens[s]);
   const int P = is_v2 ? p.max_num_partitions : std::max(1, partitions_of(longest));
   // Partition-major: the KV heads of one partition are consecutive items, so a thread reads
-  // each block's heads (adjacent slices of one block) one after another. Measured against
-  // head-major (two interleaved A/B runs, cold caches): Qwen-like ctx 100k 5-20% faster, Llama
-  // ctx 16k fp32 9-11%, the other shapes within +-5%.
+  // each block's heads (adjacent slices of one block) one after another (faster than
+  // head-major on the long rows: docs/CPU_KERNEL.md, "Work-item order").
   std::vector<PartitionTask> tasks;
   for (int s = 0; s < p.num_seqs; ++s)
     for (int part = 0; part < partitions_of(p.seq_lens[s]); ++part)
