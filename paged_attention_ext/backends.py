@@ -2,8 +2,7 @@
 
 One job: detection. `detect()` answers `info`; `active_backends()` lists what `check` runs.
 Detection reads the dispatcher (which dispatch key has a kernel, and whether the kernel was
-registered from C++ or from Python), so it works whether or not the package's __init__ offers a
-helper; if the lead's package grows its own `backends()` API, only this file changes.
+registered from C++ or from Python), so it reports what torch will actually run.
 """
 
 from __future__ import annotations

@@ -7,9 +7,10 @@
 //   - GQA ratio (query heads per KV head): runtime; the kernel handles kHeadTile heads per pass,
 //     kHeadTile in {1, 2, 4, 8}; ratios above 8 take ceil(ratio / 8) passes in the same block.
 //   - block size: runtime (any value; multiples of 8, or of 4 for fp32, take vector V loads).
-//   - dtype: query fp32 / fp16 / bf16, each with an "auto" cache or an fp8 cache (e4m3fn / e5m2
-//     chosen at run time): 6 combinations, one .cu file each (attention_<dtype>_<cache>.cu).
-// Total: 6 x 6 x 4 = 144 attention kernels + 3 reduce + 6 reshape_and_cache kernels per arch.
+//   - dtype: query fp32 / fp16 / bf16, each with an "auto", an fp8 e4m3fn or an fp8 e5m2 cache:
+//     9 combinations, one .cu file each (attention_<dtype>_<cache>.cu).
+// Total per arch: 9 x 6 x 4 = 216 attention kernels + 3 reduce + 6 reshape_and_cache kernels
+// (docs/cuda_resource_report.txt lists them).
 #pragma once
 
 #include <type_traits>
