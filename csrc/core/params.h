@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "blocksparse.h"
+
 namespace paged_attn {
 
 constexpr int kPartitionSize = 512;  // v2 partition length in tokens (CONTRACT.md)
@@ -45,6 +47,7 @@ struct PagedAttentionParams {
   float v_scale;
 
   float scale;  // softmax scale applied to q.k
+  BlocksparseParams blocksparse;  // inactive (dense) unless vert_stride > 1
 
   // ---- strides (elements) ----
   int64_t q_seq_stride;     // query.stride(0): any (query may be a slice of a fused qkv tensor)

@@ -205,13 +205,14 @@ void qk_tile(int gt, const typename Cache::storage* kblk, const float* qs, float
 
 // ---- softmax ----
 
-// (m, s) of one head's logits in buf[lo, hi); overwrites them with p = exp(l - m).
+// (m, s) of one head's logits in buf[lo, hi); overwrites them with p = exp(l - m). All -inf
+// (blocksparse: nothing attended): m = -inf, s = 0, p = 0.
 inline void softmax_in_place(float* buf, int lo, int hi, float* m_out, float* s_out) {
   Vec vmax = Isa::set1(-INFINITY);
   for (int i = lo & ~15; i < hi; i += 16)
     vmax = Isa::max(vmax, Isa::load_or(buf + i, Isa::lanes(lo - i, hi - i), -INFINITY));
   const float mx = Isa::reduce_max(vmax);
-  const Vec vm = Isa::set1(mx);
+  const Vec vm = Isa::set1(mx == -INFINITY ? 0.0f : mx);  // nothing attended: every p is 0
   Vec vsum = Isa::zero();
   for (int i = lo & ~15; i < hi; i += 16) {
     const Mask m = Isa::lanes(lo - i, hi - i);
@@ -278,7 +279,7 @@ void pv_tile(const typename Cache::storage* V, const Span* spans, int nspans, co
              PrefetchStream& pf) {
   // blocks [w0, w1) are whole; the others (at most the first and the last) take masked chunks
   int w0 = nspans, w1 = nspans;
-  if (s.bs % 16 == 0) {
+  if (nspans > 0 && s.bs % 16 == 0) {
     w0 = whole_chunks(s, spans[0]) ? 0 : 1;
     w1 = std::max(w0, whole_chunks(s, spans[nspans - 1]) ? nspans : nspans - 1);
   }
@@ -356,6 +357,53 @@ void pv_heads(int gt, const typename Cache::storage* V, const Span* spans, int n
   }
 }
 
+// ---- blocksparse (core/blocksparse.h) ----
+
+// logits[g][slot] = -inf for the slots [lo, hi) of one block, every head of the tile.
+inline void mask_block(const Span& sp, int G, const TaskShape& s, float* logits) {
+  for (int g = 0; g < G; ++g)
+    std::fill(logits + g * s.L + sp.buf + sp.lo, logits + g * s.L + sp.buf + sp.hi, -INFINITY);
+}
+
+// Index in the row's block table of spans[i].
+inline int64_t block_index(const PartitionTask& task, const TaskShape& s, const Span& sp) {
+  return static_cast<int64_t>(task.partition) * kPartitionSize / s.bs + sp.buf / s.bs;
+}
+
+// Drops from spans the blocks no query head of the KV head attends (they are never read; their
+// logits become -inf) and returns how many remain.
+inline int drop_unattended_blocks(const PagedAttentionParams& p, PartitionTask task,
+                                  const TaskShape& s, int h0, int G, Span* spans, int nspans,
+                                  float* logits) {
+  const int seq_len = p.seq_lens[task.seq];
+  int kept = 0;
+  for (int i = 0; i < nspans; ++i) {
+    bool any = false;
+    for (int g = 0; g < G && !any; ++g) {
+      const int64_t offset = blocksparse_offset(p.blocksparse, p.num_heads, p.num_kv_heads, h0 + g);
+      any = blocksparse_attends(p.blocksparse, offset, seq_len, s.bs, block_index(task, s, spans[i]));
+    }
+    if (any)
+      spans[kept++] = spans[i];
+    else
+      mask_block(spans[i], G, s, logits);
+  }
+  return kept;
+}
+
+// After QK: -inf logits for the heads that do not attend a kept block.
+inline void mask_unattended_heads(const PagedAttentionParams& p, PartitionTask task,
+                                  const TaskShape& s, int h0, int G, const Span* spans,
+                                  int nspans, float* logits) {
+  const int seq_len = p.seq_lens[task.seq];
+  for (int g = 0; g < G; ++g) {
+    const int64_t offset = blocksparse_offset(p.blocksparse, p.num_heads, p.num_kv_heads, h0 + g);
+    for (int i = 0; i < nspans; ++i)
+      if (!blocksparse_attends(p.blocksparse, offset, seq_len, s.bs, block_index(task, s, spans[i])))
+        mask_block(spans[i], 1, s, logits + g * s.L);
+  }
+}
+
 // ---- one work item ----
 
 // Bytes of L2 the partition's V and the next work item's K (prefetched during this item's PV)
@@ -388,11 +436,15 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
   float* norm = qs + ((static_cast<int64_t>(G) * s.D + 15) & ~15);
   Span* spans = reinterpret_cast<Span*>(norm + ((G + 15) & ~15));
   const char** next_k = reinterpret_cast<const char**>(spans + 2 * max_spans);
-  const int nspans = partition_spans(p, task, s.bs, spans);
+  int nspans = partition_spans(p, task, s.bs, spans);
+  const int lo = spans[0].buf + spans[0].lo;  // the partition's tokens: logits [lo, hi)
+  const int hi = spans[nspans - 1].buf + spans[nspans - 1].hi;
+  const int h0 = task.kv_head * G;
+  if (blocksparse_active(p.blocksparse))  // only the blocks some head attends stay in spans
+    nspans = drop_unattended_blocks(p, task, s, h0, G, spans, nspans, logits);
 
   // qs[g][d] = qk_scale * q[h0 + g][d]; for BF16Dot, the bf16 bits of q[h0 + g][d] (exact: the
   // query is bf16, its fp32 copy's top half) and QK scales the sums.
-  const int h0 = task.kv_head * G;
   const float* q = in.query + (static_cast<int64_t>(task.seq) * p.num_heads + h0) * s.D;
   if constexpr (kBf16Dot) {
     auto* qb = reinterpret_cast<uint16_t*>(qs);
@@ -428,8 +480,7 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
 
   // Softmax per head over the partition's tokens; ALiBi bias first.
   const int seq_len = p.seq_lens[task.seq];
-  const int lo = spans[0].buf + spans[0].lo;
-  const int hi = spans[nspans - 1].buf + spans[nspans - 1].hi;
+  if (blocksparse_active(p.blocksparse)) mask_unattended_heads(p, task, s, h0, G, spans, nspans, logits);
   const int t_at_lo = task.partition * kPartitionSize;  // token index of buffer position lo
   const int64_t row0 = (static_cast<int64_t>(task.seq) * p.num_heads + h0) * in.num_partitions +
                        task.partition;  // [seq, h0, partition] in the result arrays
@@ -445,14 +496,14 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
     if constexpr (kBf16Dot) IsaFor<Cache>::type::probs_to_bf16(l, lo, hi);
     in.max_logits[row0 + static_cast<int64_t>(g) * in.num_partitions] = mx;
     in.exp_sums[row0 + static_cast<int64_t>(g) * in.num_partitions] = sum;
-    norm[g] = in.v_scale / sum;  // sum >= 1 (the max term is exp(0))
+    norm[g] = sum > 0.0f ? in.v_scale / sum : 0.0f;  // sum >= 1 unless nothing was attended
   }
 
   // The next work item's K (what fits in kPrefetchBudget beside this item's V), spread over the
   // first head tile's PV steps: memory is otherwise idle while PV reads V from L2.
   PrefetchStream pf;
   const int64_t next_k_budget = kPrefetchBudget - nspans * s.kv_bytes;
-  if (next != nullptr && next_k_budget >= s.kv_bytes) {
+  if (next != nullptr && nspans > 0 && next_k_budget >= s.kv_bytes) {
     Span* next_spans = spans + max_spans;
     const int n_next = partition_spans(p, *next, s.bs, next_spans);
     pf.nblocks = static_cast<int>(std::min<int64_t>(n_next, next_k_budget / s.kv_bytes));

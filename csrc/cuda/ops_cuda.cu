@@ -170,6 +170,10 @@ void attention(const char* op, const at::Tensor& out, const at::Tensor* exp_sums
       op, out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, num_kv_heads, scale,
       block_tables, seq_lens, block_size, max_seq_len, alibi_slopes, kv_cache_dtype, k_scale,
       v_scale, blocksparse);
+  TORCH_CHECK_VALUE(!blocksparse_active(p.blocksparse), "paged_attn.", op,
+                    ": blocksparse attention (blocksparse_vert_stride=", blocksparse.vert_stride,
+                    ") is not implemented by the CUDA kernels yet; the C++ CPU kernel and the "
+                    "PyTorch implementation compute it (paged_attention_ext.fallback)");
   check_cuda_attention(op, p, key_cache, value_cache);
   if (p.num_seqs == 0 || p.num_heads == 0) return;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();

@@ -151,6 +151,24 @@ CacheKind parse_kv_cache_dtype(const char* op, const std::string& kv_cache_dtype
   return CacheKind::kAuto;  // unreachable
 }
 
+void check_blocksparse(const char* op, const BlocksparseArgs& b) {
+  if (b.vert_stride <= 1) return;  // inactive: vLLM ignores the other four
+  const std::string why = "when blocksparse is active (blocksparse_vert_stride = " +
+                          std::to_string(b.vert_stride) + " > 1)";
+  PA_CHECK(b.block_size > 0, "blocksparse_block_size (", b.block_size, ") must be > 0 ", why);
+  PA_CHECK(b.local_blocks >= 0, "blocksparse_local_blocks (", b.local_blocks, ") must be >= 0 ",
+           why);
+  PA_CHECK(b.tp_rank >= 0, "tp_rank (", b.tp_rank, ") must be >= 0 ", why);
+  constexpr int64_t kInt32Max = 2147483647;
+  for (auto [name, value] : {std::pair<const char*, int64_t>{"tp_rank", b.tp_rank},
+                             {"blocksparse_local_blocks", b.local_blocks},
+                             {"blocksparse_vert_stride", b.vert_stride},
+                             {"blocksparse_block_size", b.block_size},
+                             {"blocksparse_head_sliding_step", b.head_sliding_step}})
+    PA_CHECK(value >= -kInt32Max && value <= kInt32Max, name, " (", value,
+             ") must fit in a 32-bit int (|value| <= ", kInt32Max, ") ", why);
+}
+
 PagedAttentionParams make_attention_params(
     const char* op, const at::Tensor& out, const at::Tensor* exp_sums,
     const at::Tensor* max_logits, const at::Tensor* tmp_out, const at::Tensor& query,
@@ -159,8 +177,7 @@ PagedAttentionParams make_attention_params(
     int64_t block_size, int64_t max_seq_len, const std::optional<at::Tensor>& alibi_slopes,
     const std::string& kv_cache_dtype, ScaleArg k_scale, ScaleArg v_scale,
     BlocksparseArgs blocksparse) {
-  PA_CHECK(blocksparse.vert_stride <= 1, "blocksparse attention (blocksparse_vert_stride=",
-           blocksparse.vert_stride, ") is not implemented");
+  check_blocksparse(op, blocksparse);
   const CacheKind cache_kind = parse_kv_cache_dtype(op, kv_cache_dtype);
 
   // ---- query: [num_seqs, num_heads, head_size], last dim contiguous ----
@@ -253,6 +270,9 @@ PagedAttentionParams make_attention_params(
   p.k_scale = static_cast<float>(k_scale.value);
   p.v_scale = static_cast<float>(v_scale.value);
   p.scale = static_cast<float>(scale);
+  p.blocksparse = BlocksparseParams{blocksparse.vert_stride, blocksparse.block_size,
+                                     blocksparse.local_blocks, blocksparse.head_sliding_step,
+                                     blocksparse.tp_rank};
   p.q_seq_stride = query.stride(0);
   p.q_head_stride = query.stride(1);
   p.kv_block_stride = key_cache.stride(0);

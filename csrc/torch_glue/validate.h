@@ -22,10 +22,14 @@ struct ScaleArg {
   double value = 1.0;
 };
 
-// The blocksparse arguments, rejected unless inactive (vert_stride <= 1).
+// The blocksparse arguments (docs/CONTRACT.md, "Blocksparse"); active when vert_stride > 1.
 struct BlocksparseArgs {
   int64_t tp_rank, local_blocks, vert_stride, block_size, head_sliding_step;
 };
+
+// Active blocksparse arguments must make sense (sparse block size > 0, local blocks >= 0,
+// tp_rank >= 0, each a 32-bit int, as vLLM's kernel takes them); inactive ones are ignored.
+void check_blocksparse(const char* op, const BlocksparseArgs& b);
 
 // Parses kv_cache_dtype ("auto", "fp8", "fp8_e4m3", "fp8_e5m2"); anything else throws.
 CacheKind parse_kv_cache_dtype(const char* op, const std::string& kv_cache_dtype);
