@@ -330,6 +330,10 @@ def _attention(op, out, exp_sums, max_logits, tmp_out, query, key_cache, value_c
     if _run_data_checks(query.device):
         validation.check_attention_data(op, key_cache, block_tables, seq_lens, block_size,
                                         tmp_out)
+    # The oracle computes blocksparse; until this implementation does, it must not run dense.
+    if validation.blocksparse_spec(tp_rank, bs_local, bs_vert, bs_block, bs_step) is not None:
+        raise ValueError(f"paged_attn.{op}: blocksparse attention is not implemented by the "
+                         "PyTorch fallback yet")
     num_seqs, num_heads, head_size = query.shape
     group = num_heads // num_kv_heads
     num_blocks = key_cache.shape[0]

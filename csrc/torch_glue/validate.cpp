@@ -160,7 +160,10 @@ PagedAttentionParams make_attention_params(
     const std::string& kv_cache_dtype, ScaleArg k_scale, ScaleArg v_scale,
     BlocksparseArgs blocksparse) {
   PA_CHECK(blocksparse.vert_stride <= 1, "blocksparse attention (blocksparse_vert_stride=",
-           blocksparse.vert_stride, ") is not implemented");
+           blocksparse.vert_stride,
+           ") is not implemented by the compiled kernels (C++ CPU and CUDA) yet; the PyTorch "
+           "implementation computes it (paged_attention_ext.fallback, or the ops with "
+           "PAGED_ATTN_DISABLE_EXTENSION=1)");
   const CacheKind cache_kind = parse_kv_cache_dtype(op, kv_cache_dtype);
 
   // ---- query: [num_seqs, num_heads, head_size], last dim contiguous ----
