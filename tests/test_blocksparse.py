@@ -7,7 +7,7 @@ CUDA) rejects it with a clear error until it implements it, never a wrong result
 import pytest
 import torch
 
-from paged_attention_ext import backends, fallback, reference, testing
+from paged_attention_ext import api, backends, fallback, reference, testing, vllm_compat
 from paged_attention_ext.validation import Blocksparse
 from test_bad_input import DESIGN_ROWS
 from test_blocksparse_reference import CASES, _inputs, _mask, _poison_skipped
@@ -99,6 +99,49 @@ def test_ops_compute_or_reject_blocksparse(device):
     _assert_rejected_by_compiled_kernel(lambda: testing.call_v2(v2, inputs, outs, case[2]), outs)
     out = testing.alloc_v1_outputs(inputs)
     _assert_rejected_by_compiled_kernel(lambda: testing.call_v1(v1, inputs, out, case[2]), [out])
+
+
+def test_vllm_compat_and_api_route_blocksparse_like_the_ops():
+    # vLLM's keyword names through vllm_compat, and api.paged_attention's keywords: the CPU ops
+    # compute (PyTorch implementation) or reject (compiled kernel), never ignore them.
+    compiled = backends.compiled_kernel("v1", "CPU")
+    case = CASES[3]
+    i = _inputs(case, seed=11)
+    sparse = case[2]
+    kwargs = dict(tp_rank=sparse.tp_rank, blocksparse_local_blocks=sparse.local_blocks,
+                  blocksparse_vert_stride=sparse.vert_stride,
+                  blocksparse_block_size=sparse.block_size,
+                  blocksparse_head_sliding_step=sparse.head_sliding_step)
+    want = testing.call_v2(reference.paged_attention_v2, i, testing.alloc_v2_outputs(i), sparse)
+    outs = testing.alloc_v2_outputs(i)
+    calls = {
+        "vllm_compat.v2": lambda: vllm_compat.paged_attention_v2(
+            *outs, i.query, i.key_cache, i.value_cache, i.num_kv_heads, i.scale, i.block_tables,
+            i.seq_lens, i.block_size, i.max_seq_len, i.alibi_slopes, **kwargs) or outs.out,
+        "vllm_compat.v1": lambda: vllm_compat.paged_attention_v1(
+            outs.out, i.query, i.key_cache, i.value_cache, i.num_kv_heads, i.scale,
+            i.block_tables, i.seq_lens, i.block_size, i.max_seq_len, i.alibi_slopes,
+            **kwargs) or outs.out,
+    }
+    for version in ("v1", "v2"):
+        for validate in (False, True):
+            calls[f"api.{version}.validate={validate}"] = (
+                lambda v=version, val=validate: api.paged_attention(
+                    i.query, i.key_cache, i.value_cache, i.block_tables, i.seq_lens,
+                    version=v, validate=val, out=outs.out, **kwargs))
+    for name, call in calls.items():
+        outs.out.fill_(float("nan"))
+        if compiled:
+            _assert_rejected_by_compiled_kernel(call, [outs.out])
+        else:
+            testing.assert_out_matches(call(), want.out, i.dtype, name=name)
+
+
+def test_api_validate_rejects_bad_blocksparse_arguments():
+    i = _inputs(CASES[0], seed=12)
+    with pytest.raises(ValueError, match=r"blocksparse_block_size \(0\) must be > 0"):
+        api.paged_attention(i.query, i.key_cache, i.value_cache, i.block_tables, i.seq_lens,
+                            validate=True, blocksparse_vert_stride=2, blocksparse_block_size=0)
 
 
 def test_fake_kernels_accept_blocksparse():
