@@ -38,7 +38,10 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
                     max_seq_len: Optional[int] = None, scale: Optional[float] = None,
                     alibi_slopes: Optional[torch.Tensor] = None, kv_cache_dtype: str = "auto",
                     k_scale: Scale = 1.0, v_scale: Scale = 1.0, version: str = "auto",
-                    out: Optional[torch.Tensor] = None, validate: bool = False) -> torch.Tensor:
+                    out: Optional[torch.Tensor] = None, validate: bool = False,
+                    tp_rank: int = 0, blocksparse_local_blocks: int = 0,
+                    blocksparse_vert_stride: int = 0, blocksparse_block_size: int = 64,
+                    blocksparse_head_sliding_step: int = 0) -> torch.Tensor:
     """Decode attention of each sequence's query over its paged K/V; returns out [num_seqs,
     num_heads, head_size].
 
@@ -49,6 +52,9 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     validate: run the data-dependent checks (block ids, lengths) before the op. They always run on
       the CPU; CUDA kernels skip them to stay sync-free and write NaN rows for invalid input, so
       turn this on while debugging a scheduler on CUDA.
+    tp_rank, blocksparse_*: vLLM's blocksparse attention (docs/CONTRACT.md), active when
+      blocksparse_vert_stride > 1. Computed by the PyTorch implementation; the compiled kernels
+      (C++ CPU, CUDA) raise ValueError for it until they implement it.
     """
     num_seqs, num_heads, head_size = query.shape
     num_kv_heads, block_size = key_cache.size(1), key_cache.size(3)
@@ -63,10 +69,12 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     if out is None:
         out = torch.empty_like(query, memory_format=torch.contiguous_format)
     common = (query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens,
-              block_size, max_seq_len, alibi_slopes, kv_cache_dtype, k_scale, v_scale)
+              block_size, max_seq_len, alibi_slopes, kv_cache_dtype, k_scale, v_scale,
+              tp_rank, blocksparse_local_blocks, blocksparse_vert_stride, blocksparse_block_size,
+              blocksparse_head_sliding_step)
     if version == "v1":
         if validate:
-            validation.check_attention_args("v1", out, None, None, None, *common, 0, 0, 0, 64, 0)
+            validation.check_attention_args("v1", out, None, None, None, *common)
             validation.check_attention_data("v1", key_cache, block_tables, seq_lens, block_size)
         torch.ops.paged_attn.v1(out, *common)
         return out
@@ -77,8 +85,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     tmp_out = torch.empty(num_seqs, num_heads, partitions, head_size, dtype=query.dtype,
                           device=query.device)
     if validate:
-        validation.check_attention_args("v2", out, exp_sums, max_logits, tmp_out, *common,
-                                        0, 0, 0, 64, 0)
+        validation.check_attention_args("v2", out, exp_sums, max_logits, tmp_out, *common)
         validation.check_attention_data("v2", key_cache, block_tables, seq_lens, block_size,
                                         tmp_out)
     torch.ops.paged_attn.v2(out, exp_sums, max_logits, tmp_out, *common)

@@ -194,7 +194,7 @@ def _bit_mask(valid, element_size):
 
 def _gather_values(ws, value_cache, block_ids, valid, kind):
     """V of the blocks block_ids [C', S', nb] (in range), head-dim-major, fp32, the slots where
-    `valid` [C', S', nb * block_size] is False zeroed (fp8: scale NOT applied).
+    `valid` [C', S', 1 or kvh, nb * block_size] is False zeroed (fp8: scale NOT applied).
     value_cache [num_blocks, kvh, d, block_size] -> [C', S', kvh, d, nb * block_size].
 
     NOTE: NaN-poisoned slots must really be zeroed (p = 0 is not enough: 0 * NaN = NaN), and
@@ -210,7 +210,8 @@ def _gather_values(ws, value_cache, block_ids, valid, kind):
     if kind != "auto":
         g = g.view(validation.FP8_DTYPES[kind])
     g = g.view(parts, seqs, nb, kvh, head_size, block_size)
-    valid = valid.view(parts, seqs, nb, 1, 1, block_size)
+    # [C', S', 1|kvh, nb * bs] -> [C', S', nb, 1|kvh, 1, bs]
+    valid = valid.view(parts, seqs, -1, nb, 1, block_size).transpose(2, 3)
     order = (0, 1, 3, 4, 2, 5)  # -> [C', S', kvh, d, nb, bs]
     shape = (parts, seqs, kvh, head_size, nb * block_size)
     if not ws.reuse:  # compiling: inductor fuses mask, permutation and conversion
@@ -236,11 +237,30 @@ def _clamped_tables(block_tables, extent_blocks, num_blocks):
     return ids.clamp(0, num_blocks - 1)
 
 
+# ---- blocksparse ----
+
+def _blocksparse_keep(sparse, blocks, lens, num_kv_heads, group, block_size):
+    """bool [P, S', kvh, group, N]: does each query head attend cache block `blocks` [P, 1, N]
+    (int64) of the rows of lengths lens [1, S', 1]? vLLM's rule (docs/CONTRACT.md); the oracle's
+    reference.blocksparse_keep is the judge. Static head offsets, data-dependent local window."""
+    k_blk = blocks * block_size // sparse.block_size  # sparse block of each block's first token
+    q_blk = torch.div(lens.long() - 1, sparse.block_size, rounding_mode="floor")
+    local = (k_blk > q_blk - sparse.local_blocks)[:, :, None, None, :]  # [P, S', 1, 1, N]
+    tp_rank, step, num_heads = sparse.tp_rank, sparse.head_sliding_step, num_kv_heads * group
+    offset = [((tp_rank * num_heads + h) * step + 1 if step >= 0 else
+               (tp_rank * num_kv_heads + h // group) * -step + 1) % sparse.vert_stride
+              for h in range(num_heads)]  # Python ints, exact (reduced: all terms are >= 0)
+    offset = torch.tensor(offset, device=blocks.device).view(num_kv_heads, group, 1)
+    vertical = (k_blk[:, :, None, None, :] + offset) % sparse.vert_stride == 0  # [P,1,kvh,g,N]
+    return vertical | local
+
+
 # ---- one pass: per-partition states ----
 
-def _sub_chunk_blocks(tables, seq_lens, s0, s1, p0, p1, part_len, block_size):
+def _sub_chunk_blocks(tables, seq_lens, s0, s1, p0, p1, part_len, block_size, sparse, kv_group):
     """What sub-chunk (rows [s0, s1), partitions [p0, p1)) gathers: block ids [C', S', nb],
-    validity t < seq_len of every gathered slot [C', S', nb * bs] and where each partition's
+    which gathered V slots count [C', S', 1, nb * bs] (t < seq_len; blocksparse: [.., kvh, ..],
+    and some query head of the KV head attends the slot's block) and where each partition's
     tokens start in its gathered slots (all partitions alike: aligned, or one partition)."""
     t0 = p0 * PARTITION_SIZE
     if p1 - p0 > 1:  # aligned: the partitions' blocks tile them exactly
@@ -255,17 +275,22 @@ def _sub_chunk_blocks(tables, seq_lens, s0, s1, p0, p1, part_len, block_size):
         first_slot, offset = b0 * block_size, t0 - b0 * block_size
     slots = torch.arange(first_slot, first_slot + (p1 - p0) * nb * block_size,
                          device=seq_lens.device).view(p1 - p0, 1, nb * block_size)
-    valid = slots < seq_lens[None, s0:s1, None]
+    lens = seq_lens[None, s0:s1, None]
+    valid = (slots < lens)[:, :, None, :]
+    if sparse is not None:
+        keep = _blocksparse_keep(sparse, slots // block_size, lens, *kv_group, block_size)
+        valid = valid & keep.any(dim=3)
     return ids, valid, offset
 
 
-def _pass_states(ws, q, key_cache, value_cache, kind, v_scale, tables, seq_lens, slopes,
+def _pass_states(ws, q, key_cache, value_cache, kind, v_scale, tables, seq_lens, slopes, sparse,
                  block_size, s0, s1, p0, p1, part_len, step):
     """Partition states of rows [s0, s1), partitions [p0, p1) of part_len tokens (512, or fewer
     for a last partial partition, alone in its pass), gathered `step` partitions at a time.
 
     q [1, S, kvh, group, d] fp32, already times scale (* k_scale); slopes [1, 1, kvh, group, 1]
-    or None; tables [S, >= blocks of the extent] int64 block ids clamped into [0, num_blocks).
+    or None; tables [S, >= blocks of the extent] int64 block ids clamped into [0, num_blocks);
+    sparse: validation.Blocksparse or None (dense).
     Returns max, sum [C, S', kvh, group] and out [C, S', kvh, group, d] (out UNnormalised).
     """
     parts, seqs = p1 - p0, s1 - s0
@@ -277,8 +302,8 @@ def _pass_states(ws, q, key_cache, value_cache, kind, v_scale, tables, seq_lens,
     logits = torch.empty((parts, seqs, kvh, group, part_len), device=q.device)
     gathered = []
     for c0, c1 in subs:
-        ids, slot_valid, offset = _sub_chunk_blocks(tables, seq_lens, s0, s1, p0 + c0,
-                                                    p0 + c1, part_len, block_size)
+        ids, slot_valid, offset = _sub_chunk_blocks(tables, seq_lens, s0, s1, p0 + c0, p0 + c1,
+                                                    part_len, block_size, sparse, (kvh, group))
         gathered.append((ids, slot_valid, offset))
         k = _gather_keys(ws, key_cache, ids, kind)  # [C', S', kvh, nb * bs, d]
         k = k[:, :, :, offset:offset + part_len]  # the partitions' tokens [C', S', kvh, L, d]
@@ -289,9 +314,12 @@ def _pass_states(ws, q, key_cache, value_cache, kind, v_scale, tables, seq_lens,
                        device=q.device).view(parts, 1, part_len)
     lens = seq_lens[None, s0:s1, None]
     valid = (pos < lens)[:, :, None, None, :]
+    if sparse is not None:  # the tokens of the blocks each head skips
+        valid = valid & _blocksparse_keep(sparse, pos // block_size, lens, kvh, group, block_size)
     if slopes is not None:  # ALiBi: slope * (t - seq_len + 1), 0 at the last token
         logits = logits + slopes * (pos - lens + 1).float()[:, :, None, None, :]
-    # NOTE: where, not an additive -inf: a NaN-poisoned K slot gives a NaN logit.
+    # NOTE: where, not an additive -inf: a NaN-poisoned K slot (past seq_len, or in a skipped
+    # block) gives a NaN logit.
     logits = torch.where(valid, logits, _NEG_INF)
 
     # Per partition: max, exp, sum; -inf safe (an empty partition has max -inf, sum 0).
@@ -330,6 +358,7 @@ def _attention(op, out, exp_sums, max_logits, tmp_out, query, key_cache, value_c
     if _run_data_checks(query.device):
         validation.check_attention_data(op, key_cache, block_tables, seq_lens, block_size,
                                         tmp_out)
+    sparse = validation.blocksparse_spec(tp_rank, bs_local, bs_vert, bs_block, bs_step)
     num_seqs, num_heads, head_size = query.shape
     group = num_heads // num_kv_heads
     num_blocks = key_cache.shape[0]
@@ -354,7 +383,7 @@ def _attention(op, out, exp_sums, max_logits, tmp_out, query, key_cache, value_c
         tables = _clamped_tables(block_tables, -(-extent // block_size), num_blocks)
     for s0, s1, passes in plan:
         states = [_pass_states(ws, q, key_cache, value_cache, kind, vs, tables, seq_lens,
-                               slopes, block_size, s0, s1, *spec) for spec in passes]
+                               slopes, sparse, block_size, s0, s1, *spec) for spec in passes]
         # All partitions of these rows: max, sum [P, S', kvh, g]; out [P, S', kvh, g, d].
         part_max, part_sum, part_out = (torch.cat(t) for t in zip(*states))
         part_out = part_out * inv_sum(part_sum)[..., None]  # normalised by its own exp sum

@@ -11,8 +11,11 @@ Algorithm (per sequence, as the seed but correct):
      hold NaN: they never enter a matmul);
   2. logits = scale * q . k (+ ALiBi slope[h] * (t - seq_len + 1)), one batched matmul over the
      query heads of each KV head (GQA: K/V are not expanded per query head);
+     blocksparse (vert_stride > 1): the tokens of the cache blocks a head skips get logit -inf
+     (blocksparse_keep, vLLM's rule) and V rows no head of the KV group keeps are zeroed;
   3. split the tokens into partitions of 512 (the tail padded with logit -inf and V = 0) and take
-     each partition's (max, exp sum, output normalised by its own exp sum);
+     each partition's (max, exp sum, output normalised by its own exp sum); a partition with no
+     attended token is empty: max -inf, exp sum 0, output 0;
   4. v2: store those in max_logits / exp_sums / tmp_out and combine them with partition_weights;
      v1: fold the partitions with merge_stats (the CPU kernel's online merge).
   Everything is fp32; out is rounded to the query dtype once, tmp_out is stored in the query dtype.
@@ -85,6 +88,25 @@ def encode_cache(t, kind, scale):
 
 # ---- attention ----
 
+def blocksparse_keep(sparse, seq_len, block_size, num_heads, num_kv_heads):
+    """bool [num_heads, ceil(seq_len / block_size)]: does query head h attend cache block b?
+    vLLM's rule (docs/CONTRACT.md), decided per cache block by the sparse block of its FIRST
+    token; sparse: validation.Blocksparse (tp_rank and heads counted globally)."""
+    b = torch.arange(math.ceil(seq_len / block_size))
+    k_blk = b * block_size // sparse.block_size  # sparse block of each cache block's 1st token
+    q_blk = (seq_len - 1) // sparse.block_size  # sparse block of the query (the last token)
+    tp_rank, step, group = sparse.tp_rank, sparse.head_sliding_step, num_heads // num_kv_heads
+    # Heads counted globally: tp_rank * (heads per rank) + local index; query heads when
+    # step >= 0, KV heads (h // group) when step < 0. Python ints (exact, no overflow), reduced
+    # mod vert_stride (all terms are >= 0, so the test below is unchanged).
+    offset = torch.tensor([((tp_rank * num_heads + h) * step + 1 if step >= 0 else
+                            (tp_rank * num_kv_heads + h // group) * -step + 1)
+                           % sparse.vert_stride for h in range(num_heads)])
+    vertical = (k_blk[None, :] + offset[:, None]) % sparse.vert_stride == 0
+    local = k_blk > q_blk - sparse.local_blocks
+    return vertical | local[None, :]
+
+
 def _gather_sequence(key_cache, value_cache, block_ids, seq_len, kind, k_scale, v_scale):
     """K, V of one sequence as fp32 [num_kv_heads, seq_len, head_size] (no slot past seq_len)."""
     # key_cache [num_blocks, kv_heads, head_size/x, block_size, x] -> [kv_heads, tokens, head_size]
@@ -97,10 +119,11 @@ def _gather_sequence(key_cache, value_cache, block_ids, seq_len, kind, k_scale, 
     return k, v
 
 
-def _partition_states(query_row, k, v, scale, slopes, seq_len):
+def _partition_states(query_row, k, v, scale, slopes, seq_len, keep=None):
     """Per-partition summaries of one sequence.
 
-    query_row [num_heads, head_size]; k, v [kvh, seq_len, head_size] fp32; slopes [num_heads]|None.
+    query_row [num_heads, head_size]; k, v [kvh, seq_len, head_size] fp32; slopes [num_heads] or
+    None; keep: bool [num_heads, seq_len] (blocksparse: the tokens each head attends) or None.
     Returns max [H, P], sum [H, P], out [H, P, head_size] (out UNnormalised), P = ceil(L / 512).
     """
     num_heads, head_size = query_row.shape
@@ -116,6 +139,11 @@ def _partition_states(query_row, k, v, scale, slopes, seq_len):
         # ALiBi: 0 at the last token (CONTRACT.md), negative before it.
         pos = torch.arange(seq_len, device=logits.device, dtype=torch.float32) - (seq_len - 1)
         logits = logits + slopes.float()[:, None] * pos[None, :]
+    if keep is not None:
+        # where, not an additive -inf: a skipped block may hold NaN (it is never attended).
+        logits = torch.where(keep, logits, _NEG_INF)
+        # V of tokens no head of the KV group attends: zero (0 * NaN would be NaN).
+        v = torch.where(keep.reshape(kvh, group, seq_len).any(dim=1)[..., None], v, 0.0)
 
     # Pad the tail partition: logit -inf (weight 0) and V rows 0 (NOTE: zero V, not only the
     # logits, so nothing but finite values meets the matmul).
@@ -123,8 +151,9 @@ def _partition_states(query_row, k, v, scale, slopes, seq_len):
     v = torch.nn.functional.pad(v, (0, 0, 0, padded - seq_len), value=0.0)
 
     logits = logits.reshape(num_heads, num_parts, PARTITION_SIZE)
-    part_max = logits.amax(dim=-1)  # [H, P]; finite: every partition p < P has a token
-    p = torch.exp(logits - part_max[..., None])  # [H, P, 512]
+    part_max = logits.amax(dim=-1)  # [H, P]; -inf for a partition with no attended token
+    safe_max = torch.where(part_max == _NEG_INF, 0.0, part_max)  # exp(-inf - 0) = 0, not NaN
+    p = torch.exp(logits - safe_max[..., None])  # [H, P, 512]
     part_sum = p.sum(dim=-1)  # [H, P]
     # [kvh, group, P, 512] x [kvh, P, 512, d] -> [kvh, group, P, d]
     part_out = torch.einsum("kgpt,kptd->kgpd", p.reshape(kvh, group, num_parts, PARTITION_SIZE),
@@ -141,6 +170,8 @@ def _attention(out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache
         scale, block_tables, seq_lens, block_size, max_seq_len, alibi_slopes, kv_cache_dtype,
         k_scale, v_scale, tp_rank, bs_local, bs_vert, bs_block, bs_step)
     validation.check_attention_data(op, key_cache, block_tables, seq_lens, block_size, tmp_out)
+    sparse = validation.blocksparse_spec(tp_rank, bs_local, bs_vert, bs_block, bs_step)
+    num_heads = query.shape[1]
     ks = _scale_value(k_scale, query.device)
     vs = _scale_value(v_scale, query.device)
 
@@ -151,8 +182,12 @@ def _attention(out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache
         num_used_blocks = math.ceil(seq_len / block_size)
         block_ids = block_tables[s, :num_used_blocks].long()
         k, v = _gather_sequence(key_cache, value_cache, block_ids, seq_len, kind, ks, vs)
+        keep = None
+        if sparse is not None:  # per cache block -> per token [num_heads, seq_len]
+            keep = blocksparse_keep(sparse, seq_len, block_size, num_heads, num_kv_heads)
+            keep = keep.repeat_interleave(block_size, dim=1)[:, :seq_len].to(query.device)
         part_max, part_sum, part_out = _partition_states(query[s], k, v, scale, alibi_slopes,
-                                                         seq_len)
+                                                         seq_len, keep)
         num_parts = part_max.shape[1]
         if tmp_out is not None:  # v2: partition summaries, then the phase-2 combine
             part_out_normed = part_out * inv_sum(part_sum)[..., None]  # [H, P, d]

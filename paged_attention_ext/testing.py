@@ -21,7 +21,7 @@ import torch
 
 from .reference import encode_cache
 from .validation import FP8_DTYPES  # noqa: F401  (re-exported: kv_cache_dtype -> torch fp8 dtype)
-from .validation import PARTITION_SIZE, cache_dtype_for, parse_kv_cache_dtype
+from .validation import PARTITION_SIZE, Blocksparse, cache_dtype_for, parse_kv_cache_dtype
 
 # NaN as an fp8 byte: 0x7F is NaN in both float8_e4m3fn (S.1111.111) and float8_e5m2 (S.11111.11).
 FP8_NAN_BYTE = 0x7F
@@ -203,23 +203,27 @@ def alloc_v2_outputs(inputs, max_num_partitions=None, fill=float("nan")):
         tmp_out=torch.full((s, h, max_num_partitions, d), fill, dtype=inputs.dtype, device=dev))
 
 
-def _attention_args(inputs):
-    """The arguments after the outputs, in vLLM's order (blocksparse off)."""
+DENSE = Blocksparse(tp_rank=0, local_blocks=0, vert_stride=0, block_size=64, head_sliding_step=0)
+
+
+def _attention_args(inputs, blocksparse=DENSE):
+    """The arguments after the outputs, in vLLM's order. blocksparse: a validation.Blocksparse
+    (tp_rank, local_blocks, vert_stride, block_size, head_sliding_step); default off."""
     i = inputs
     return (i.query, i.key_cache, i.value_cache, i.num_kv_heads, i.scale, i.block_tables,
             i.seq_lens, i.block_size, i.max_seq_len, i.alibi_slopes, i.kv_cache_dtype,
-            i.k_scale, i.v_scale, 0, 0, 0, 64, 0)
+            i.k_scale, i.v_scale, *blocksparse)
 
 
-def call_v1(op_or_fn, inputs, out):
+def call_v1(op_or_fn, inputs, out, blocksparse=DENSE):
     """op_or_fn: torch.ops.paged_attn.v1 or reference.paged_attention_v1 (same argument order)."""
-    op_or_fn(out, *_attention_args(inputs))
+    op_or_fn(out, *_attention_args(inputs, blocksparse))
     return out
 
 
-def call_v2(op_or_fn, inputs, outputs):
+def call_v2(op_or_fn, inputs, outputs, blocksparse=DENSE):
     """op_or_fn: torch.ops.paged_attn.v2 or reference.paged_attention_v2; outputs: V2Outputs."""
-    op_or_fn(*outputs, *_attention_args(inputs))
+    op_or_fn(*outputs, *_attention_args(inputs, blocksparse))
     return outputs
 
 

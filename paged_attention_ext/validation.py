@@ -14,6 +14,7 @@ Two kinds of check:
 """
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -153,15 +154,53 @@ def _check_scratch(op, t, name, num_seqs, num_heads, num_partitions, head_size, 
     _check_same_device(op, query, "query", t, name)
 
 
+class Blocksparse(NamedTuple):
+    """The blocksparse arguments of an active call (blocksparse_vert_stride > 1)."""
+    tp_rank: int
+    local_blocks: int
+    vert_stride: int
+    block_size: int  # tokens per sparse block (not the cache's block_size)
+    head_sliding_step: int
+
+
+_INT32_MAX = 2**31 - 1
+
+
+def blocksparse_spec(tp_rank, bs_local, bs_vert, bs_block, bs_step):
+    """Blocksparse (active: vert_stride > 1) or None (dense; vLLM then ignores all five)."""
+    if bs_vert <= 1:
+        return None
+    return Blocksparse(tp_rank, bs_local, bs_vert, bs_block, bs_step)
+
+
+def check_blocksparse(op, tp_rank, bs_local, bs_vert, bs_block, bs_step):
+    """The blocksparse arguments of an active call must make sense (docs/CONTRACT.md): vLLM's
+    kernel takes them as 32-bit ints and divides by the sparse block size. Inactive
+    (vert_stride <= 1): nothing is checked, as vLLM ignores them."""
+    if blocksparse_spec(tp_rank, bs_local, bs_vert, bs_block, bs_step) is None:
+        return
+    why = f"when blocksparse is active (blocksparse_vert_stride = {bs_vert} > 1)"
+    _require(bs_block > 0, op, f"blocksparse_block_size ({bs_block}) must be > 0 {why}")
+    _require(bs_local >= 0, op, f"blocksparse_local_blocks ({bs_local}) must be >= 0 {why}")
+    _require(tp_rank >= 0, op, f"tp_rank ({tp_rank}) must be >= 0 {why}")
+    for name, value in (("tp_rank", tp_rank), ("blocksparse_local_blocks", bs_local),
+                        ("blocksparse_vert_stride", bs_vert),
+                        ("blocksparse_block_size", bs_block),
+                        ("blocksparse_head_sliding_step", bs_step)):
+        _require(abs(value) <= _INT32_MAX, op,
+                 f"{name} ({value}) must fit in a 32-bit int (|value| <= {_INT32_MAX}) {why}")
+
+
 def check_attention_args(op, out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache,
                          num_kv_heads, scale, block_tables, seq_lens, block_size, max_seq_len,
                          alibi_slopes, kv_cache_dtype, k_scale, v_scale, tp_rank, bs_local,
                          bs_vert, bs_block, bs_step):
     """Shape/dtype/device/stride checks of v1 (exp_sums, max_logits, tmp_out None) or v2
     (validate.cpp make_attention_params). Reads no tensor data, so it runs on meta tensors and
-    FakeTensors. Returns the cache kind ("auto", "fp8_e4m3" or "fp8_e5m2")."""
-    _require(bs_vert <= 1, op,
-             f"blocksparse attention (blocksparse_vert_stride={bs_vert}) is not implemented")
+    FakeTensors. Returns the cache kind ("auto", "fp8_e4m3" or "fp8_e5m2").
+    Blocksparse: its arguments are checked here (the PyTorch implementations compute it); the
+    compiled kernels reject every active blocksparse call instead (validate.cpp)."""
+    check_blocksparse(op, tp_rank, bs_local, bs_vert, bs_block, bs_step)
     kind = parse_kv_cache_dtype(op, kv_cache_dtype)
 
     # ---- query: [num_seqs, num_heads, head_size], last dim contiguous ----

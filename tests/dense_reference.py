@@ -4,6 +4,11 @@ Written without the oracle's code: tokens are gathered by plain indexing of (blo
 fp8 bytes are decoded by a bit-level table built here (not torch's float8 dtypes), and the
 softmax is the textbook one in float64. Also returns the per-partition statistics a v2 kernel
 must produce, so the oracle's scratch outputs are checked too.
+
+An optional boolean mask [num_seqs, num_heads, >= max seq_len] says which tokens each head
+attends (blocksparse: the caller builds it from the definition); the others are not even read.
+A head with no attended token outputs zeros; a partition with none is empty (max -inf, exp sum 0,
+output 0).
 """
 
 import math
@@ -56,9 +61,9 @@ def _to_f64(cache, kv_cache_dtype, scale):
 
 def dense_attention(query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens,
                     block_size, alibi_slopes=None, kv_cache_dtype="auto", k_scale=1.0,
-                    v_scale=1.0, num_partitions=None):
+                    v_scale=1.0, num_partitions=None, mask=None):
     """float64 paged attention, on the CPU. Returns DenseResult (P = num_partitions, default the
-    longest row's partition count, at least 1)."""
+    longest row's partition count, at least 1). mask: see the module docstring."""
     query, key_cache, value_cache = query.cpu(), key_cache.cpu(), value_cache.cpu()
     block_tables, lens = block_tables.cpu(), [int(n) for n in seq_lens.cpu()]
     num_seqs, num_heads, head_size = query.shape
@@ -83,24 +88,31 @@ def dense_attention(query, key_cache, value_cache, num_kv_heads, scale, block_ta
         v = _to_f64(v, kv_cache_dtype, v_scale)
         for h in range(num_heads):
             kv_h = h // per_kv
+            attended = torch.ones(n, dtype=torch.bool) if mask is None else mask[s, h, :n].cpu()
             logits = scale * (k[:, kv_h, :] @ query[s, h].double())  # [n]
             if alibi_slopes is not None:
                 logits = logits + float(alibi_slopes[h]) * (t.double() - (n - 1))
-            p = torch.softmax(logits, dim=0)
-            out[s, h] = p @ v[:, kv_h, :]
+            if attended.any():  # else zeros
+                p = torch.softmax(logits[attended], dim=0)
+                out[s, h] = p @ v[attended, kv_h, :]
             for part in range(math.ceil(n / PARTITION)):
                 lo, hi = part * PARTITION, min(n, (part + 1) * PARTITION)
-                m = logits[lo:hi].max()
-                e = torch.exp(logits[lo:hi] - m)
+                sel = attended[lo:hi]
+                if not sel.any():  # an empty partition
+                    max_logits[s, h, part], exp_sums[s, h, part] = -math.inf, 0.0
+                    tmp_out[s, h, part] = 0.0
+                    continue
+                m = logits[lo:hi][sel].max()
+                e = torch.exp(logits[lo:hi][sel] - m)
                 max_logits[s, h, part] = m
                 exp_sums[s, h, part] = e.sum()
-                tmp_out[s, h, part] = (e @ v[lo:hi, kv_h, :]) / e.sum()
+                tmp_out[s, h, part] = (e @ v[lo:hi, kv_h, :][sel]) / e.sum()
     return DenseResult(out, max_logits, exp_sums, tmp_out)
 
 
-def dense_for(inputs, num_partitions=None):
+def dense_for(inputs, num_partitions=None, mask=None):
     """dense_attention on a paged_attention_ext.testing.AttentionInputs."""
     i = inputs
     return dense_attention(i.query, i.key_cache, i.value_cache, i.num_kv_heads, i.scale,
                            i.block_tables, i.seq_lens, i.block_size, i.alibi_slopes,
-                           i.kv_cache_dtype, i.k_scale, i.v_scale, num_partitions)
+                           i.kv_cache_dtype, i.k_scale, i.v_scale, num_partitions, mask)

@@ -4,7 +4,9 @@ message matches the table's regex, for two backends:
   ops:       torch.ops.paged_attn.* (whatever is registered for the CPU: the compiled kernel's
              C++ checks, or the Python implementation).
 Every case starts from a valid call (test_valid_baseline_is_accepted proves it is valid) and
-breaks exactly one thing. A rejected call must leave its outputs untouched.
+breaks exactly one thing. A rejected call must leave its outputs untouched. A compiled kernel
+rejects every active blocksparse call before looking at its arguments (its own row of the table),
+so for the blocksparse-argument cases the ops backend expects that row when a kernel is compiled.
 """
 
 import pathlib
@@ -14,7 +16,7 @@ import pytest
 import torch
 
 from conftest import registered_ops
-from paged_attention_ext import reference, testing
+from paged_attention_ext import backends, reference, testing
 
 BACKENDS = ["reference", "ops"]
 REF_FNS = {"v1": reference.paged_attention_v1, "v2": reference.paged_attention_v2,
@@ -140,16 +142,29 @@ def _design_rows():
 DESIGN_ROWS = _design_rows()
 
 
-def case(row, name, op, regex, mutate):
+def case(row, name, op, regex, mutate, compiled_row=None):
     """row: the DESIGN.md row (its first regex); regex: what this case's message must match too
-    (the row's regex narrowed to the argument broken here)."""
-    assert row in DESIGN_ROWS, f"not a row of DESIGN.md's table: {row}"
-    return pytest.param(op, DESIGN_ROWS[row], regex, mutate, id=f"{op}-{name}")
+    (the row's regex narrowed to the argument broken here). compiled_row: the row a compiled
+    kernel's message matches instead (it rejects the call earlier, for another reason)."""
+    for r in (row, compiled_row or row):
+        assert r in DESIGN_ROWS, f"not a row of DESIGN.md's table: {r}"
+    compiled = DESIGN_ROWS[compiled_row] if compiled_row else None
+    return pytest.param(op, DESIGN_ROWS[row], regex, mutate, compiled, id=f"{op}-{name}")
 
 
 FP16 = lambda t: t.half()  # noqa: E731
 META = lambda t: t.to("meta")  # noqa: E731
 DTYPE_ROW = r"(out|tmp_out|key_cache|value_cache|key|value) dtype .* must"
+BLOCKSPARSE_ROW = r"(tp_rank|blocksparse_[a-z_]+) \(-?\d+\) must"
+# The compiled kernels reject every active blocksparse call (before checking its arguments).
+COMPILED_BLOCKSPARSE_ROW = r"blocksparse attention .* not implemented by the compiled kernels"
+
+
+def blocksparse_case(name, op, regex, **values):
+    """An active blocksparse call (vert_stride 4 unless given) with one argument out of range."""
+    values = {"blocksparse_vert_stride": 4, **values}
+    return case(BLOCKSPARSE_ROW, name, op, regex,
+                chain(*(set_(k, v) for k, v in values.items())), COMPILED_BLOCKSPARSE_ROW)
 CONTIG_ROW = r"<name> must be contiguous"
 
 CASES = [
@@ -246,10 +261,17 @@ CASES = [
          lambda a: poke("seq_lens", 1, a["block_tables"].shape[1] * 8 + 1)(a)),
     case(r"max_num_partitions .* too small", "scratch_too_small", "v2", r"seq_lens\[0\] = 520",
          smaller_scratch),
-    case(r"blocksparse", "blocksparse", "v2", r"blocksparse_vert_stride",
-         set_("blocksparse_vert_stride", 2)),
-    case(r"blocksparse", "blocksparse", "v1", r"blocksparse_vert_stride",
-         chain(set_("blocksparse_vert_stride", 4), set_("blocksparse_local_blocks", 2))),
+    blocksparse_case("sparse_block_size_0", "v2", r"blocksparse_block_size \(0\) must be > 0",
+                     blocksparse_block_size=0),
+    blocksparse_case("local_blocks_negative", "v1",
+                     r"blocksparse_local_blocks \(-1\) must be >= 0", blocksparse_local_blocks=-1),
+    blocksparse_case("tp_rank_negative", "v2", r"tp_rank \(-2\) must be >= 0", tp_rank=-2),
+    blocksparse_case("vert_stride_beyond_int32", "v1",
+                     r"blocksparse_vert_stride \(2147483648\) must fit in a 32-bit int",
+                     blocksparse_vert_stride=2**31),
+    blocksparse_case("sliding_step_beyond_int32", "v2",
+                     r"blocksparse_head_sliding_step \(-2147483648\) must fit",
+                     blocksparse_head_sliding_step=-2**31),
     case(r"slot_mapping.* out of range", "slot_out_of_range", "reshape_and_cache",
          r"slot_mapping\[1\] = 32", poke("slot_mapping", 1, 4 * 8)),
     case(r"(key|value) shape", "key_shape", "reshape_and_cache", r"key shape",
@@ -284,8 +306,10 @@ def test_valid_baseline_is_accepted(backend, op):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("op,row_regex,regex,mutate", CASES)
-def test_bad_input_raises_value_error(backend, op, row_regex, regex, mutate):
+@pytest.mark.parametrize("op,row_regex,regex,mutate,compiled_regex", CASES)
+def test_bad_input_raises_value_error(backend, op, row_regex, regex, mutate, compiled_regex):
+    if backend == "ops" and compiled_regex and backends.compiled_kernel(op, "CPU"):
+        row_regex = regex = compiled_regex
     args = make_args(op)
     mutate(args)
     before = _snapshot(args, op)
@@ -300,6 +324,6 @@ def test_bad_input_raises_value_error(backend, op, row_regex, regex, mutate):
 
 
 def test_every_design_table_row_has_a_case():
-    covered = {p.values[1] for p in CASES}
+    covered = {p.values[1] for p in CASES} | {p.values[4] for p in CASES if p.values[4]}
     missing = [row for row, regex in DESIGN_ROWS.items() if regex not in covered]
     assert not missing, f"DESIGN.md rows without a bad-input case: {missing}"

@@ -1,0 +1,157 @@
+"""Blocksparse attention outside the oracle: the PyTorch fallback against the oracle (the cases
+of tests/test_blocksparse_reference.py, each under several chunkings), its sync-freedom, and who
+serves a blocksparse call: the PyTorch implementation computes it, a compiled kernel (C++ CPU,
+CUDA) rejects it with a clear error until it implements it, never a wrong result.
+"""
+
+import pytest
+import torch
+
+from paged_attention_ext import api, backends, fallback, reference, testing, vllm_compat
+from paged_attention_ext.validation import Blocksparse
+from test_bad_input import DESIGN_ROWS
+from test_blocksparse_reference import CASES, _inputs, _mask, _poison_skipped
+
+COMPILED_ROW = r"blocksparse attention .* not implemented by the compiled kernels"
+CHUNKINGS = {"default": None, "tiny": (1, 1), "one_chunk": (1 << 40, 1 << 40)}
+
+
+@pytest.fixture(params=list(CHUNKINGS))
+def chunking(request, monkeypatch):
+    if CHUNKINGS[request.param] is not None:
+        chunk_bytes, pass_logit_bytes = CHUNKINGS[request.param]
+        monkeypatch.setattr(fallback, "CHUNK_BYTES", chunk_bytes)
+        monkeypatch.setattr(fallback, "PASS_LOGIT_BYTES", pass_logit_bytes)
+    return request.param
+
+
+def _check(v1, v2, inputs, sparse):
+    """v1 / v2 functions (ops or fallback) against the oracle; outputs NaN-filled."""
+    want = testing.call_v2(reference.paged_attention_v2, inputs, testing.alloc_v2_outputs(inputs),
+                           sparse)
+    got = testing.call_v2(v2, inputs, testing.alloc_v2_outputs(inputs), sparse)
+    testing.assert_v2_matches(got, want, inputs.seq_lens_list, inputs.dtype, inputs.kv_cache_dtype)
+    got_v1 = testing.call_v1(v1, inputs, testing.alloc_v1_outputs(inputs), sparse)
+    testing.assert_out_matches(got_v1, want.out, inputs.dtype, inputs.kv_cache_dtype, "v1 out")
+
+
+@pytest.mark.parametrize("index,case", list(enumerate(CASES)), ids=[c[0] for c in CASES])
+def test_fallback_matches_oracle(index, case, chunking):
+    _check(fallback.paged_attention_v1, fallback.paged_attention_v2,
+           _inputs(case, seed=200 + index), case[2])
+
+
+@pytest.mark.parametrize("case", [CASES[1], CASES[5], CASES[7]], ids=lambda c: c[0])
+def test_fallback_ignores_nan_in_skipped_blocks(case, chunking):
+    inputs = _inputs(case, seed=8)
+    poisoned = _poison_skipped(inputs, _mask(inputs, case[2]))
+    _check(fallback.paged_attention_v1, fallback.paged_attention_v2, poisoned, case[2])
+
+
+def test_fallback_compiles_fullgraph():
+    """Sync-free with blocksparse too: a host sync or data-dependent branch breaks the graph."""
+    torch._dynamo.reset()
+    case = CASES[2]
+    inputs = _inputs(case, seed=9, seq_lens=[523, 0, 37])
+    want = testing.call_v2(reference.paged_attention_v2, inputs, testing.alloc_v2_outputs(inputs),
+                           case[2])
+    v2 = torch.compile(fallback.paged_attention_v2, fullgraph=True, backend="aot_eager")
+    got = testing.call_v2(v2, inputs, testing.alloc_v2_outputs(inputs), case[2])
+    testing.assert_v2_matches(got, want, inputs.seq_lens_list, inputs.dtype, inputs.kv_cache_dtype)
+
+
+# ---- who serves a blocksparse call ----
+
+def _assert_rejected_by_compiled_kernel(call, outputs):
+    before = [t.clone() for t in outputs]
+    with pytest.raises(ValueError, match=DESIGN_ROWS[COMPILED_ROW]) as info:
+        call()
+    assert str(info.value).startswith("paged_attn.v")
+    for old, new in zip(before, outputs):
+        assert torch.equal(old.isnan(), new.isnan()), "a rejected call wrote its outputs"
+
+
+def _ops_v1_v2_on(device):
+    """(served by a compiled kernel?, v1, v2): torch.ops.paged_attn on `device`."""
+    key = "CUDA" if device == "cuda" else "CPU"
+    ops = torch.ops.paged_attn
+    return backends.compiled_kernel("v1", key), ops.v1, ops.v2
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_ops_compute_or_reject_blocksparse(device):
+    """torch.ops.paged_attn: the PyTorch implementation (no compiled kernel for the device, e.g.
+    PAGED_ATTN_DISABLE_EXTENSION=1) matches the oracle; a compiled kernel raises its error."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device (torch.cuda.is_available() is False)")
+    compiled, v1, v2 = _ops_v1_v2_on(device)
+    case = CASES[1]
+    inputs = _inputs(case, seed=10)
+    if device == "cuda":
+        inputs = testing.AttentionInputs(**{**vars(inputs), **{
+            f: getattr(inputs, f).to(device) for f in
+            ("query", "key_cache", "value_cache", "block_tables", "seq_lens", "alibi_slopes")
+            if getattr(inputs, f) is not None}})
+    if not compiled:
+        _check(v1, v2, inputs, case[2])
+        return
+    outs = testing.alloc_v2_outputs(inputs)
+    _assert_rejected_by_compiled_kernel(lambda: testing.call_v2(v2, inputs, outs, case[2]), outs)
+    out = testing.alloc_v1_outputs(inputs)
+    _assert_rejected_by_compiled_kernel(lambda: testing.call_v1(v1, inputs, out, case[2]), [out])
+
+
+def test_vllm_compat_and_api_route_blocksparse_like_the_ops():
+    # vLLM's keyword names through vllm_compat, and api.paged_attention's keywords: the CPU ops
+    # compute (PyTorch implementation) or reject (compiled kernel), never ignore them.
+    compiled = backends.compiled_kernel("v1", "CPU")
+    case = CASES[3]
+    i = _inputs(case, seed=11)
+    sparse = case[2]
+    kwargs = dict(tp_rank=sparse.tp_rank, blocksparse_local_blocks=sparse.local_blocks,
+                  blocksparse_vert_stride=sparse.vert_stride,
+                  blocksparse_block_size=sparse.block_size,
+                  blocksparse_head_sliding_step=sparse.head_sliding_step)
+    want = testing.call_v2(reference.paged_attention_v2, i, testing.alloc_v2_outputs(i), sparse)
+    outs = testing.alloc_v2_outputs(i)
+    calls = {
+        "vllm_compat.v2": lambda: vllm_compat.paged_attention_v2(
+            *outs, i.query, i.key_cache, i.value_cache, i.num_kv_heads, i.scale, i.block_tables,
+            i.seq_lens, i.block_size, i.max_seq_len, i.alibi_slopes, **kwargs) or outs.out,
+        "vllm_compat.v1": lambda: vllm_compat.paged_attention_v1(
+            outs.out, i.query, i.key_cache, i.value_cache, i.num_kv_heads, i.scale,
+            i.block_tables, i.seq_lens, i.block_size, i.max_seq_len, i.alibi_slopes,
+            **kwargs) or outs.out,
+    }
+    for version in ("v1", "v2"):
+        for validate in (False, True):
+            calls[f"api.{version}.validate={validate}"] = (
+                lambda v=version, val=validate: api.paged_attention(
+                    i.query, i.key_cache, i.value_cache, i.block_tables, i.seq_lens,
+                    version=v, validate=val, out=outs.out, **kwargs))
+    for name, call in calls.items():
+        outs.out.fill_(float("nan"))
+        if compiled:
+            _assert_rejected_by_compiled_kernel(call, [outs.out])
+        else:
+            testing.assert_out_matches(call(), want.out, i.dtype, name=name)
+
+
+def test_api_validate_rejects_bad_blocksparse_arguments():
+    i = _inputs(CASES[0], seed=12)
+    with pytest.raises(ValueError, match=r"blocksparse_block_size \(0\) must be > 0"):
+        api.paged_attention(i.query, i.key_cache, i.value_cache, i.block_tables, i.seq_lens,
+                            validate=True, blocksparse_vert_stride=2, blocksparse_block_size=0)
+
+
+def test_fake_kernels_accept_blocksparse():
+    # torch.compile traces through the fake (meta) kernels: they accept an active blocksparse
+    # call (the real kernel then computes or rejects it) and reject bad blocksparse arguments.
+    i = _inputs(CASES[0], seed=13)
+    meta = {f: getattr(i, f).to("meta") for f in
+            ("query", "key_cache", "value_cache", "block_tables", "seq_lens")}
+    m = testing.AttentionInputs(**{**vars(i), **meta})
+    out = torch.empty_like(m.query)
+    testing.call_v1(torch.ops.paged_attn.v1, m, out, Blocksparse(1, 2, 4, 16, -1))
+    with pytest.raises(ValueError, match=r"tp_rank \(-1\) must be >= 0"):
+        testing.call_v1(torch.ops.paged_attn.v1, m, out, Blocksparse(-1, 2, 4, 16, 0))
