@@ -1,7 +1,8 @@
 """Blocksparse attention outside the oracle: the PyTorch fallback against the oracle (the cases
 of tests/test_blocksparse_reference.py, each under several chunkings), its sync-freedom, and who
-serves a blocksparse call: the PyTorch implementation computes it, a compiled kernel (C++ CPU,
-CUDA) rejects it with a clear error until it implements it, never a wrong result.
+serves a blocksparse call: the PyTorch implementation and the C++ CPU kernel compute it (the CPU
+kernel's variants are checked case by case in tests/test_cpu_kernel.py), the CUDA kernel rejects
+it with a clear error until it implements it, never a wrong result.
 """
 
 import pytest
@@ -12,7 +13,7 @@ from paged_attention_ext.validation import Blocksparse
 from test_bad_input import DESIGN_ROWS
 from test_blocksparse_reference import CASES, _inputs, _mask, _poison_skipped
 
-COMPILED_ROW = r"blocksparse attention .* not implemented by the compiled kernels"
+CUDA_ROW = r"blocksparse attention .* not implemented by the CUDA kernels"
 CHUNKINGS = {"default": None, "tiny": (1, 1), "one_chunk": (1 << 40, 1 << 40)}
 
 
@@ -62,9 +63,9 @@ def test_fallback_compiles_fullgraph():
 
 # ---- who serves a blocksparse call ----
 
-def _assert_rejected_by_compiled_kernel(call, outputs):
+def _assert_rejected_by_cuda_kernel(call, outputs):
     before = [t.clone() for t in outputs]
-    with pytest.raises(ValueError, match=DESIGN_ROWS[COMPILED_ROW]) as info:
+    with pytest.raises(ValueError, match=DESIGN_ROWS[CUDA_ROW]) as info:
         call()
     assert str(info.value).startswith("paged_attn.v")
     for old, new in zip(before, outputs):
@@ -72,19 +73,19 @@ def _assert_rejected_by_compiled_kernel(call, outputs):
 
 
 def _ops_v1_v2_on(device):
-    """(served by a compiled kernel?, v1, v2): torch.ops.paged_attn on `device`."""
-    key = "CUDA" if device == "cuda" else "CPU"
+    """(served by the CUDA kernel, which rejects blocksparse?, v1, v2): torch.ops.paged_attn."""
     ops = torch.ops.paged_attn
-    return backends.compiled_kernel("v1", key), ops.v1, ops.v2
+    return device == "cuda" and backends.compiled_kernel("v1", "CUDA"), ops.v1, ops.v2
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_ops_compute_or_reject_blocksparse(device):
-    """torch.ops.paged_attn: the PyTorch implementation (no compiled kernel for the device, e.g.
-    PAGED_ATTN_DISABLE_EXTENSION=1) matches the oracle; a compiled kernel raises its error."""
+    """torch.ops.paged_attn: the C++ CPU kernel and the PyTorch implementation (no compiled
+    kernel for the device, e.g. PAGED_ATTN_DISABLE_EXTENSION=1) match the oracle; the CUDA kernel
+    raises its error."""
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("no CUDA device (torch.cuda.is_available() is False)")
-    compiled, v1, v2 = _ops_v1_v2_on(device)
+    rejects, v1, v2 = _ops_v1_v2_on(device)
     case = CASES[1]
     inputs = _inputs(case, seed=10)
     if device == "cuda":
@@ -92,19 +93,18 @@ def test_ops_compute_or_reject_blocksparse(device):
             f: getattr(inputs, f).to(device) for f in
             ("query", "key_cache", "value_cache", "block_tables", "seq_lens", "alibi_slopes")
             if getattr(inputs, f) is not None}})
-    if not compiled:
+    if not rejects:
         _check(v1, v2, inputs, case[2])
         return
     outs = testing.alloc_v2_outputs(inputs)
-    _assert_rejected_by_compiled_kernel(lambda: testing.call_v2(v2, inputs, outs, case[2]), outs)
+    _assert_rejected_by_cuda_kernel(lambda: testing.call_v2(v2, inputs, outs, case[2]), outs)
     out = testing.alloc_v1_outputs(inputs)
-    _assert_rejected_by_compiled_kernel(lambda: testing.call_v1(v1, inputs, out, case[2]), [out])
+    _assert_rejected_by_cuda_kernel(lambda: testing.call_v1(v1, inputs, out, case[2]), [out])
 
 
 def test_vllm_compat_and_api_route_blocksparse_like_the_ops():
     # vLLM's keyword names through vllm_compat, and api.paged_attention's keywords: the CPU ops
-    # compute (PyTorch implementation) or reject (compiled kernel), never ignore them.
-    compiled = backends.compiled_kernel("v1", "CPU")
+    # (C++ kernel or PyTorch implementation) compute them, never ignore them.
     case = CASES[3]
     i = _inputs(case, seed=11)
     sparse = case[2]
@@ -131,10 +131,7 @@ def test_vllm_compat_and_api_route_blocksparse_like_the_ops():
                     version=v, validate=val, out=outs.out, **kwargs))
     for name, call in calls.items():
         outs.out.fill_(float("nan"))
-        if compiled:
-            _assert_rejected_by_compiled_kernel(call, [outs.out])
-        else:
-            testing.assert_out_matches(call(), want.out, i.dtype, name=name)
+        testing.assert_out_matches(call(), want.out, i.dtype, name=name)
 
 
 def test_api_validate_rejects_bad_blocksparse_arguments():

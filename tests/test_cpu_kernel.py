@@ -16,6 +16,10 @@ import torch
 
 import paged_attention_ext
 from paged_attention_ext import reference, testing
+from test_blocksparse_reference import CASES as BLOCKSPARSE_CASES
+from test_blocksparse_reference import _inputs as blocksparse_inputs
+from test_blocksparse_reference import _mask as blocksparse_mask
+from test_blocksparse_reference import _poison_skipped as poison_skipped
 
 pytestmark = pytest.mark.skipif(not paged_attention_ext.extension_loaded(),
                                 reason=f"compiled extension: {paged_attention_ext.extension_status()}")
@@ -38,14 +42,15 @@ def kernel(request, monkeypatch):
     return request.param
 
 
-def check_v1_v2(inp, extra_partitions=0):
+def check_v1_v2(inp, extra_partitions=0, blocksparse=testing.DENSE):
     """Run v2 and v1 (kernel) and the oracle's v2 on the same inputs; compare everything."""
     p = max(1, max(map(testing.num_partitions, inp.seq_lens_list), default=0))
-    got = testing.call_v2(OPS.v2, inp, testing.alloc_v2_outputs(inp, p + extra_partitions))
+    got = testing.call_v2(OPS.v2, inp, testing.alloc_v2_outputs(inp, p + extra_partitions),
+                          blocksparse)
     want = testing.call_v2(reference.paged_attention_v2, inp,
-                           testing.alloc_v2_outputs(inp, p + extra_partitions))
+                           testing.alloc_v2_outputs(inp, p + extra_partitions), blocksparse)
     testing.assert_v2_matches(got, want, inp.seq_lens_list, inp.dtype, inp.kv_cache_dtype)
-    out1 = testing.call_v1(OPS.v1, inp, testing.alloc_v1_outputs(inp))
+    out1 = testing.call_v1(OPS.v1, inp, testing.alloc_v1_outputs(inp), blocksparse)
     testing.assert_out_matches(out1, want.out, inp.dtype, inp.kv_cache_dtype, name="v1 out")
 
 
@@ -71,6 +76,14 @@ def test_matches_oracle(kernel, case):
     inp = testing.make_attention_inputs(len(lens), nh, nkv, d, bs, lens, dtype=dtype,
                                         kv_cache_dtype=kv, use_alibi=alibi, seed=len(lens) + d)
     check_v1_v2(inp)
+
+
+@pytest.mark.parametrize("case", BLOCKSPARSE_CASES, ids=[c[0] for c in BLOCKSPARSE_CASES])
+def test_blocksparse_matches_oracle(kernel, case):
+    """Blocksparse (CONTRACT.md): every (cache block, KV head) no query head attends is NaN, so a
+    block the kernel reads but should skip shows up as NaN."""
+    inp = blocksparse_inputs(case, seed=21)
+    check_v1_v2(poison_skipped(inp, blocksparse_mask(inp, case[2])), blocksparse=case[2])
 
 
 @pytest.mark.parametrize("layout", testing.CACHE_LAYOUTS)
