@@ -11,19 +11,10 @@ import torch
 from paged_attention_ext import api, backends, fallback, reference, testing, vllm_compat
 from paged_attention_ext.validation import Blocksparse
 from test_bad_input import DESIGN_ROWS
+from test_fallback import chunking  # noqa: F401  (the fallback's chunkings, a fixture)
 from test_blocksparse_reference import CASES, _inputs, _mask, _poison_skipped
 
 CUDA_ROW = r"blocksparse attention .* not implemented by the CUDA kernels"
-CHUNKINGS = {"default": None, "tiny": (1, 1), "one_chunk": (1 << 40, 1 << 40)}
-
-
-@pytest.fixture(params=list(CHUNKINGS))
-def chunking(request, monkeypatch):
-    if CHUNKINGS[request.param] is not None:
-        chunk_bytes, pass_logit_bytes = CHUNKINGS[request.param]
-        monkeypatch.setattr(fallback, "CHUNK_BYTES", chunk_bytes)
-        monkeypatch.setattr(fallback, "PASS_LOGIT_BYTES", pass_logit_bytes)
-    return request.param
 
 
 def _check(v1, v2, inputs, sparse):

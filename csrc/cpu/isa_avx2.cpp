@@ -75,16 +75,9 @@ inline __m256 sum_x4_half(Vec16 a, Vec16 b) {
   return _mm256_permutevar8x32_ps(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-struct Isa {
+struct Isa : EightVecTiles {  // 16 ymm / 32 q registers: 8 Vec
   using Vec = Vec16;
   using Mask = LaneRange;
-
-  // Register tiles (16 ymm = 8 Vec): QK gt * qk_vecs accumulators + K vectors + q; PV
-  // gt * pv_dims accumulators + one V row (probabilities read from L1 as FMA operands).
-  static constexpr int kQkHeads = 4, kPvHeads = 3;
-  static constexpr int qk_vecs(int gt) { return gt == 1 ? 4 : gt == 2 ? 2 : 1; }
-  static constexpr int pv_dims(int gt, bool /*wide*/) { return gt == 1 ? 4 : 2; }
-  static constexpr bool kProbsInRegisters = false;
   static constexpr bool kHasBf16Dot = false;
 
   static Mask lanes(int lo, int hi) { return lane_range(lo, hi); }

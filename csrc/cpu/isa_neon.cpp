@@ -56,15 +56,9 @@ inline float32x4_t exp4(float32x4_t x) {
   return vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(e), drop));
 }
 
-struct Isa {
+struct Isa : EightVecTiles {  // 16 ymm / 32 q registers: 8 Vec
   using Vec = Vec16;
   using Mask = LaneRange;
-
-  // Register tiles (32 q registers = 8 Vec), as AVX2's.
-  static constexpr int kQkHeads = 4, kPvHeads = 3;
-  static constexpr int qk_vecs(int gt) { return gt == 1 ? 4 : gt == 2 ? 2 : 1; }
-  static constexpr int pv_dims(int gt, bool /*wide*/) { return gt == 1 ? 4 : 2; }
-  static constexpr bool kProbsInRegisters = false;
   static constexpr bool kHasBf16Dot = false;
 
   static Mask lanes(int lo, int hi) { return lane_range(lo, hi); }

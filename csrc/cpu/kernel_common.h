@@ -50,6 +50,16 @@ constexpr float kCoef[6] = {1.9875691500E-4f, 1.3981999507E-3f, 8.3334519073E-3f
 // Prefetch into L2 (prefetcht1 on x86, PRFM PLDL2KEEP on aarch64).
 inline void prefetch_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
 
+// Register tiles of the layers with 8 Vec of registers (AVX2: 16 ymm, NEON: 32 q registers):
+// QK gt * qk_vecs accumulators + K vectors + q; PV gt * pv_dims accumulators + one V row, the
+// probabilities read from L1 as FMA operands.
+struct EightVecTiles {
+  static constexpr int kQkHeads = 4, kPvHeads = 3;
+  static constexpr int qk_vecs(int gt) { return gt == 1 ? 4 : gt == 2 ? 2 : 1; }
+  static constexpr int pv_dims(int gt, bool /*wide*/) { return gt == 1 ? 4 : 2; }
+  static constexpr bool kProbsInRegisters = false;
+};
+
 // One block of the partition: where its [kv_head] slice starts and which slots are ours.
 struct Span {
   int64_t offset;  // elements from the cache base: block * kv_block_stride + kv_head * stride
