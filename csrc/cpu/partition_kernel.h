@@ -32,6 +32,8 @@
 //           accumulate p[g][tokens] * V[d][tokens] over all blocks of the partition; one
 //           horizontal reduction per (g, d) at the end. V rows are [block_size] contiguous per d.
 // Slots outside [lo, hi) are masked to zero in BOTH p and V loads (0 * NaN would be NaN).
+// Blocksparse (core/blocksparse.h): blocks no head of the KV head attends leave the spans (never
+// read, logits -inf); a head's skipped blocks among the rest get -inf logits after QK.
 // Prefetch (addresses known from the block tables), all into L2: while scoring block i, block
 // i + 4's K and block i's V, so PV finds the partition's V in L2; during PV, the next work item's
 // K (within an L2 budget), a few lines per step: a burst stalls on the miss buffers and leaves
