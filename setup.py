@@ -1,7 +1,7 @@
 """Build of paged_attention_ext._C: the op registry, the CPU kernels and (with a CUDA torch and
 nvcc) the CUDA kernels. Metadata lives in pyproject.toml.
 
-Build against the torch you already have (torch is NOT a build requirement; see BUILD-NOTES):
+Build against the torch you already have (torch is NOT a build requirement; see docs/BUILD.md):
     pip install --no-build-isolation -e .
     python setup.py develop            (runs the line above)
     python setup.py build_ext --inplace
