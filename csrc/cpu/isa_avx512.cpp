@@ -165,12 +165,7 @@ struct Isa {
         for (int jt = 0; jt < JT; ++jt) acc[g][jt] = _mm512_setzero_ps();
       for (int c = 0; c < s.C; ++c) {
         const uint16_t* kp = kblk + static_cast<int64_t>(c) * s.R + j;
-        if (j == 0) {  // spread the prefetches over this block's compute
-          for (int64_t off = c * row_bytes; off < (c + 1) * row_bytes; off += 64) {
-            if (pf_a) prefetch_l2(pf_a + off);
-            if (pf_b) prefetch_l2(pf_b + off);
-          }
-        }
+        if (j == 0) prefetch_row_share(pf_a, pf_b, c, row_bytes);  // spread over this block
         __m512bh kv[JT];
         for (int jt = 0; jt < JT; ++jt)
           kv[jt] = (__m512bh)_mm512_maskz_loadu_epi16(m[jt], kp + 32 * jt);

@@ -81,6 +81,31 @@ inline int logits_stride(int block_size) {
 
 inline int max_spans_of(int block_size) { return kPartitionSize / block_size + 2; }
 
+// A work item's per-thread scratch, as float offsets: logits [G][L] | qs [G][D] | norm [G] |
+// spans [2][max_spans] (this item's, the next one's) | next K block addresses [max_spans].
+// Every part starts on a 16-float boundary.
+struct ScratchLayout {
+  int64_t qs, norm, spans, next_k, total;
+  ScratchLayout(int64_t G, int64_t D, int block_size) {
+    constexpr int64_t kSpanFloats = (sizeof(Span) + 3) / 4, kPointerFloats = (sizeof(char*) + 3) / 4;
+    const int64_t max_spans = max_spans_of(block_size);
+    qs = G * logits_stride(block_size);
+    norm = qs + ((G * D + 15) & ~15);
+    spans = norm + ((G + 15) & ~15);
+    next_k = spans + ((2 * max_spans * kSpanFloats + 15) & ~15);
+    total = next_k + max_spans * kPointerFloats;
+  }
+};
+
+// Prefetches into L2 row c's share (row_bytes) of up to two blocks: spreads a block's prefetch
+// over the K rows of the block being scored.
+inline void prefetch_row_share(const char* pf_a, const char* pf_b, int c, int64_t row_bytes) {
+  for (int64_t off = c * row_bytes; off < (c + 1) * row_bytes; off += 64) {
+    if (pf_a) prefetch_l2(pf_a + off);
+    if (pf_b) prefetch_l2(pf_b + off);
+  }
+}
+
 // Cache lines of a list of blocks, prefetched into L2 a few lines per step(): spreads the next
 // work item's K over this item's PV loop (a burst would stall on the miss buffers).
 struct PrefetchStream {

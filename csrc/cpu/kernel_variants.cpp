@@ -38,14 +38,10 @@ const KernelVariant* kernel_variants(int* count) {
   return kVariants;
 }
 
-// Every variant's scratch: see run_partition in partition_kernel.h.
+// Every variant's scratch (kernel_common.h's ScratchLayout).
 size_t kernel_scratch_floats(const PagedAttentionParams& p) {
-  const size_t G = p.num_heads / p.num_kv_heads;
-  const size_t L = logits_stride(p.block_size);
-  const size_t max_spans = max_spans_of(p.block_size);
-  const size_t span_floats = (sizeof(Span) + 3) / 4, pointer_floats = (sizeof(char*) + 3) / 4;
-  return G * L + ((G * p.head_size + 15) & ~15) + ((G + 15) & ~15) +
-         max_spans * (2 * span_floats + pointer_floats) + 16;
+  return static_cast<size_t>(
+      ScratchLayout(p.num_heads / p.num_kv_heads, p.head_size, p.block_size).total);
 }
 
 }  // namespace cpu

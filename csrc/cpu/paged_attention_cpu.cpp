@@ -16,8 +16,6 @@
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 

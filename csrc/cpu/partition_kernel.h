@@ -103,12 +103,7 @@ inline void qk_rows(const typename Cache::storage* kblk, const float* qs, const 
     m[jt] = kFull ? Isa::lanes(0, 16) : Isa::lanes(0, s.R - j - 16 * jt);
   for (int c = 0; c < s.C; ++c) {
     const auto* kp = kblk + static_cast<int64_t>(c) * s.R + j;
-    if (j == 0) {  // spread the prefetches over this block's compute
-      for (int64_t off = c * row_bytes; off < (c + 1) * row_bytes; off += 64) {
-        if (pf_a) prefetch_l2(pf_a + off);
-        if (pf_b) prefetch_l2(pf_b + off);
-      }
-    }
+    if (j == 0) prefetch_row_share(pf_a, pf_b, c, row_bytes);  // spread over this block
     Vec kv[JT];
 #pragma GCC unroll 8
     for (int jt = 0; jt < JT; ++jt) kv[jt] = Isa::template load_cache<Cache>(kp + 16 * jt, m[jt]);
@@ -430,14 +425,13 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
   s.L = logits_stride(s.bs);
   s.kv_bytes = static_cast<int64_t>(s.D) * s.bs * sizeof(T);
 
-  // scratch (kernel_scratch_floats): logits [G][L] | qs [G][D] | norm [G] | spans [2][max_spans]
-  // (this item's, the next one's) | next K block addresses [max_spans]
   const int max_spans = max_spans_of(s.bs);
+  const ScratchLayout layout(G, s.D, s.bs);  // kernel_common.h
   float* logits = scratch;
-  float* qs = logits + static_cast<int64_t>(G) * s.L;
-  float* norm = qs + ((static_cast<int64_t>(G) * s.D + 15) & ~15);
-  Span* spans = reinterpret_cast<Span*>(norm + ((G + 15) & ~15));
-  const char** next_k = reinterpret_cast<const char**>(spans + 2 * max_spans);
+  float* qs = scratch + layout.qs;
+  float* norm = scratch + layout.norm;
+  Span* spans = reinterpret_cast<Span*>(scratch + layout.spans);
+  const char** next_k = reinterpret_cast<const char**>(scratch + layout.next_k);
   int nspans = partition_spans(p, task, s.bs, spans);
   const int lo = spans[0].buf + spans[0].lo;  // the partition's tokens: logits [lo, hi)
   const int hi = spans[nspans - 1].buf + spans[nspans - 1].hi;
