@@ -52,4 +52,22 @@ TORCH_LIBRARY(paged_attn, m) {
       "reshape_and_cache(Tensor key, Tensor value, Tensor(a!) key_cache, "
       "Tensor(b!) value_cache, Tensor slot_mapping, str kv_cache_dtype=\"auto\", "
       "float k_scale=1.0, float v_scale=1.0) -> ()");
+  // decode: NHD-ordered caches [num_blocks, block_size, num_kv_heads, head_size], any strides with
+  // a contiguous last dim (HND passed as its transposed view); partitioning is internal.
+  m.def(
+      "decode.scale_tensor(Tensor(a!) out, Tensor query, Tensor key_cache, Tensor value_cache, "
+      "Tensor block_tables, Tensor seq_lens, float scale, Tensor? alibi_slopes, "
+      "str kv_cache_dtype, Tensor k_scale, Tensor v_scale) -> ()");
+  m.def(
+      "decode(Tensor(a!) out, Tensor query, Tensor key_cache, Tensor value_cache, "
+      "Tensor block_tables, Tensor seq_lens, float scale, Tensor? alibi_slopes, "
+      "str kv_cache_dtype=\"auto\", float k_scale=1.0, float v_scale=1.0) -> ()");
+  m.def(
+      "reshape_and_cache_flash.scale_tensor(Tensor key, Tensor value, Tensor(a!) key_cache, "
+      "Tensor(b!) value_cache, Tensor slot_mapping, str kv_cache_dtype, Tensor k_scale, "
+      "Tensor v_scale) -> ()");
+  m.def(
+      "reshape_and_cache_flash(Tensor key, Tensor value, Tensor(a!) key_cache, "
+      "Tensor(b!) value_cache, Tensor slot_mapping, str kv_cache_dtype=\"auto\", "
+      "float k_scale=1.0, float v_scale=1.0) -> ()");
 }

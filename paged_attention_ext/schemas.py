@@ -27,6 +27,13 @@ _V2_OUT = "Tensor(a!) out, Tensor(b!) exp_sums, Tensor(c!) max_logits, Tensor(d!
 _CACHE_ARGS = (
     "Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor slot_mapping"
 )
+# decode: caches in NHD dimension order [num_blocks, block_size, num_kv_heads, head_size], any
+# strides with a contiguous last dim (an HND cache is passed as its transposed view); sizes come
+# from the tensors, the partitioning is internal (CONTRACT.md, "NHD / HND caches").
+_DECODE_ARGS = (
+    "Tensor(a!) out, Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_tables, "
+    "Tensor seq_lens, float scale, Tensor? alibi_slopes"
+)
 
 # (name with overload, schema after the name), in registration order.
 SCHEMAS = (
@@ -36,6 +43,10 @@ SCHEMAS = (
     ("v2", f"({_V2_OUT}, {_ATTN_ARGS}, {_SCALES_FLOAT}, {_BLOCKSPARSE_ARGS}) -> ()"),
     ("reshape_and_cache.scale_tensor", f"({_CACHE_ARGS}, {_SCALES_TENSOR}) -> ()"),
     ("reshape_and_cache", f"({_CACHE_ARGS}, {_SCALES_FLOAT}) -> ()"),
+    ("decode.scale_tensor", f"({_DECODE_ARGS}, {_SCALES_TENSOR}) -> ()"),
+    ("decode", f"({_DECODE_ARGS}, {_SCALES_FLOAT}) -> ()"),
+    ("reshape_and_cache_flash.scale_tensor", f"({_CACHE_ARGS}, {_SCALES_TENSOR}) -> ()"),
+    ("reshape_and_cache_flash", f"({_CACHE_ARGS}, {_SCALES_FLOAT}) -> ()"),
 )
 
 
