@@ -137,7 +137,11 @@ def test_unusable_ops_are_replaced_by_ours(stand_in_vllm, caplog, how):
         replaced = vllm_plugin.register()
     assert sorted(replaced) == sorted(vllm_plugin.REPLACED_OPS)
     for name in vllm_plugin.REPLACED_OPS:
-        assert getattr(custom_ops, name) is getattr(vllm_compat, name)
+        ours = getattr(vllm_compat, name)
+        if how == "unregistered torch op":  # settles at the first call (next tests)
+            assert getattr(custom_ops, name).__wrapped__ is ours
+        else:
+            assert getattr(custom_ops, name) is ours
         assert any(f"vllm._custom_ops.{name} was {replaced[name]}" in r.getMessage()
                    for r in caplog.records), caplog.text
     expected_reason = {"missing": "missing", "unregistered torch op": "a call of torch.ops."
@@ -166,6 +170,32 @@ def test_only_the_holes_are_filled_and_a_second_call_changes_nothing(stand_in_vl
     assert custom_ops.reshape_and_cache is own_reshape_and_cache
     assert vllm_plugin.register() == {}  # idempotent
     assert custom_ops.paged_attention_v2 is vllm_compat.paged_attention_v2
+
+
+def test_an_op_registered_after_the_plugin_ran_is_vllms_own(stand_in_vllm, caplog):
+    """Plugins run in no set order: a platform's plugin may register the torch op vLLM's wrapper
+    calls after ours ran. The first call then runs vLLM's own op."""
+    namespace = "paged_attn_plugin_test_late"
+    custom_ops = stand_in_vllm({"paged_attention_v1": UNREGISTERED.replace(
+        "_C_not_built_here", namespace)})
+    assert vllm_plugin.register() == {"paged_attention_v1": f"a call of torch.ops.{namespace}."
+                                      "paged_attention_v1, which is not registered",
+                                      "paged_attention_v2": "missing",
+                                      "reshape_and_cache": "missing"}
+    library = torch.library.Library(namespace, "DEF")  # the late plugin
+    library.define("paged_attention_v1(Tensor(a!) out) -> ()")
+
+    def vllms_own_kernel(out):
+        out.fill_(7.0)
+
+    library.impl("paged_attention_v1", vllms_own_kernel, "CPU")
+    out = torch.zeros(3)
+    with caplog.at_level(logging.INFO, logger=vllm_plugin.logger.name):
+        custom_ops.paged_attention_v1(out)
+        custom_ops.paged_attention_v1(out)
+    assert out.tolist() == [7.0, 7.0, 7.0]
+    assert caplog.text.count("runs vLLM's own op") == 1  # decided once
+    assert vllm_plugin.register() == {}  # idempotent: the wrapper counts as ours
 
 
 def test_replaced_ops_compute_what_the_oracle_computes(stand_in_vllm, paged_ops):

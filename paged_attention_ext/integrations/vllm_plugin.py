@@ -15,6 +15,9 @@ kernel is run):
   - unregistered: a Python function whose body, after an optional docstring, is the single
     statement `torch.ops.<namespace>.<op>(...)` (or `return` of it) and that torch op is not
     registered in this process (vLLM's wrapper when its compiled library lacks the kernel).
+    Another plugin may still register that op after this one ran (plugins run in no set order),
+    so the replacement settles at its first call: vLLM's own wrapper if the op is registered by
+    then, else ours.
 Anything else (a function that does more, a torch op, a callable whose source cannot be read)
 counts as working and is never replaced. vLLM code that calls `ops.<name>(...)` through the
 module (vLLM's own style: `from vllm import _custom_ops as ops`) sees the replacement; a name
@@ -25,10 +28,11 @@ replaced. It is idempotent: a second call finds its own functions in place and c
 """
 
 import ast
+import functools
 import inspect
 import logging
 import textwrap
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, NamedTuple, Optional, Tuple
 
 # A child of vLLM's logger, so that vLLM's log configuration (handler, level) shows these lines.
 logger = logging.getLogger("vllm.plugins.paged_attention_ext")
@@ -52,11 +56,11 @@ def register() -> Dict[str, str]:
 def _fill_holes() -> Dict[str, str]:
     from vllm import _custom_ops
 
-    holes = {}  # op name -> why vLLM's own is unusable
+    holes = {}  # op name -> Hole
     for name in REPLACED_OPS:
-        why = unusable_reason(getattr(_custom_ops, name, None))
-        if why is not None:
-            holes[name] = why
+        hole = find_hole(getattr(_custom_ops, name, None))
+        if hole is not None:
+            holes[name] = hole
     if not holes:
         logger.debug("paged_attention_ext: vllm._custom_ops has working %s; nothing replaced",
                      ", ".join(REPLACED_OPS))
@@ -65,30 +69,61 @@ def _fill_holes() -> Dict[str, str]:
     # Only now load the ops (the compiled extension, or the PyTorch implementation).
     from . import vllm_compat
 
-    for name, why in holes.items():
-        setattr(_custom_ops, name, getattr(vllm_compat, name))
+    for name, hole in holes.items():
+        ours = getattr(vllm_compat, name)
+        if hole.awaited_torch_op is not None:
+            ours = _chosen_at_first_call(name, getattr(_custom_ops, name), ours,
+                                         hole.awaited_torch_op)
+        setattr(_custom_ops, name, ours)
         logger.info("paged_attention_ext: vllm._custom_ops.%s was %s; now served by "
-                    "paged_attention_ext (%s.%s)", name, why, vllm_compat.__name__, name)
-    return holes
+                    "paged_attention_ext (%s.%s)", name, hole.reason, vllm_compat.__name__, name)
+    return {name: hole.reason for name, hole in holes.items()}
 
 
-def unusable_reason(op: Optional[Callable]) -> Optional[str]:
+class Hole(NamedTuple):
+    reason: str  # why vLLM's op cannot run, in words
+    # (namespace, op) of the torch op vLLM's wrapper calls, when that op is merely not registered
+    # yet: another plugin (a platform's) may register it after this one ran.
+    awaited_torch_op: Optional[Tuple[str, str]] = None
+
+
+def find_hole(op: Optional[Callable]) -> Optional[Hole]:
     """Why `op` (vllm._custom_ops.<name>, None when missing) cannot run, or None when it counts
     as working (the rule in the module docstring)."""
     if op is None:
-        return "missing"
+        return Hole("missing")
     if getattr(op, "__module__", None) == __package__ + ".vllm_compat":
-        return None  # already ours: replacing it again would change nothing
+        return None  # already ours (directly, or wrapped by _chosen_at_first_call)
     statement = _single_statement(op)
     if statement is None:
         return None
     if isinstance(statement, ast.Raise) and _is_not_implemented_error(statement.exc):
-        return "a NotImplementedError stub"
+        return Hole("a NotImplementedError stub")
     call = statement.value if isinstance(statement, (ast.Expr, ast.Return)) else None
     torch_op = _torch_op_path(call.func) if isinstance(call, ast.Call) else None
     if torch_op is not None and not _torch_op_registered(*torch_op):
-        return f"a call of torch.ops.{torch_op[0]}.{torch_op[1]}, which is not registered"
+        return Hole(f"a call of torch.ops.{torch_op[0]}.{torch_op[1]}, which is not registered",
+                    torch_op)
     return None
+
+
+def _chosen_at_first_call(name: str, vllms: Callable, ours: Callable,
+                          torch_op: Tuple[str, str]) -> Callable:
+    """A function with our op's signature that, at its first call (when every plugin has run),
+    settles on vLLM's own `vllms` if `torch_op` is registered by then, else on `ours`."""
+    chosen = []
+
+    @functools.wraps(ours)  # also copies __module__, which find_hole reads as "already ours"
+    def op(*args, **kwargs):
+        if not chosen:
+            registered = _torch_op_registered(*torch_op)
+            chosen.append(vllms if registered else ours)
+            logger.info("paged_attention_ext: vllm._custom_ops.%s runs %s", name,
+                        "vLLM's own op (torch.ops.%s.%s is registered now)" % torch_op
+                        if registered else "paged_attention_ext's op")
+        return chosen[0](*args, **kwargs)
+
+    return op
 
 
 def _single_statement(op: Callable) -> Optional[ast.stmt]:
