@@ -3,8 +3,8 @@
 vLLM calls every `vllm.general_plugins` entry point in each process it starts (the API server,
 the engine core, every worker) before that process does any work. This package declares one
 (pyproject.toml: `paged_attention_ext = paged_attention_ext.integrations.vllm_plugin:register`),
-so installing it is enough; `VLLM_PLUGINS` (vLLM's comma-separated allow-list of plugin names)
-can leave it out.
+so installing it is enough. Where `VLLM_PLUGINS` (vLLM's comma-separated allow-list of plugin
+names) is set, it must name `paged_attention_ext` for this plugin to run.
 
 `register()` replaces `vllm._custom_ops.<name>` for each of REPLACED_OPS by the function of the
 same name in `vllm_compat` only when vLLM's own is unusable, decided from the code alone (no
