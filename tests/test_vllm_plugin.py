@@ -60,6 +60,14 @@ WORKING = {
             out.zero_()
         '''),
     "another exception": "def {name}(*args):\n    raise RuntimeError('no kernel for this dtype')\n",
+    # A wrapper may route the call elsewhere; inspect would show the wrapped stub's source.
+    "a wrapped stub": textwrap.dedent('''\
+        def _{name}(*args):
+            raise NotImplementedError
+
+
+        {name} = functools.wraps(_{name})(lambda *args: None)
+        '''),
     "a torch op object": "{name} = torch.ops.aten.zeros\n",
     "a lambda": "{name} = lambda *args: None  # noqa: E731\n",
 }
@@ -67,7 +75,7 @@ WORKING = {
 
 def custom_ops_source(ops):
     """vllm/_custom_ops.py defining each op name with its template (MISSING: not defined)."""
-    return "import torch\n\n" + "\n".join(template.format(name=name)
+    return "import functools\n\nimport torch\n\n" + "\n".join(template.format(name=name)
                                           for name, template in ops.items())
 
 

@@ -18,10 +18,11 @@ kernel is run):
     Another plugin may still register that op after this one ran (plugins run in no set order),
     so the replacement settles at its first call: vLLM's own wrapper if the op is registered by
     then, else ours.
-Anything else (a function that does more, a torch op, a callable whose source cannot be read)
-counts as working and is never replaced. vLLM code that calls `ops.<name>(...)` through the
-module (vLLM's own style: `from vllm import _custom_ops as ops`) sees the replacement; a name
-copied out of the module before the plugin ran (`from vllm._custom_ops import x`) does not.
+Anything else (a function that does more, a wrapper of another function (`__wrapped__`), a
+torch op, a callable whose source cannot be read) counts as working and is never replaced.
+vLLM code that calls `ops.<name>(...)` through the module (vLLM's own style: `from vllm import
+_custom_ops as ops`) sees the replacement; a name copied out of the module before the plugin ran
+(`from vllm._custom_ops import x`) does not.
 
 The plugin never makes vLLM's start-up fail: any error is logged as a warning and nothing is
 replaced. It is idempotent: a second call finds its own functions in place and changes nothing.
@@ -128,8 +129,9 @@ def _chosen_at_first_call(name: str, vllms: Callable, ours: Callable,
 
 def _single_statement(op: Callable) -> Optional[ast.stmt]:
     """The one statement of a Python function's body after its docstring; None when the body has
-    more, or `op` is not a function whose source can be read."""
-    if not inspect.isfunction(op):
+    more, or `op` is not a function whose source can be read, or it wraps another (a
+    `functools.wraps` wrapper, whose source inspect would take from the wrapped function)."""
+    if not inspect.isfunction(op) or hasattr(op, "__wrapped__"):
         return None
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(op)))
