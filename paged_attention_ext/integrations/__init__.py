@@ -6,4 +6,8 @@
 - `transformers`: runs a Hugging Face transformers causal LM's decode with its KV cache in that
   pool; attention goes through `torch.ops.paged_attn.*` via transformers' AttentionInterface.
   Needs the optional `transformers` dependency; nothing here imports it until that module is used.
+- `vllm_compat`: functions with vLLM's `_custom_ops` names and signatures (and the seed's
+  `paged_attention_v2_pytorch`) over `torch.ops.paged_attn.*`.
+- `vllm_plugin`: the `vllm.general_plugins` entry point that installs those functions in
+  `vllm._custom_ops` where vLLM's own are missing or stubs.
 """
