@@ -9,6 +9,8 @@ partitions / over 1536, every cache layout of testing.DECODE_LAYOUTS (NHD, HND a
 view, combined K/V, K and V with different strides, padded strides).
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -159,3 +161,20 @@ def test_compile_fullgraph_fallback_decode():
     fn = torch.compile(fallback.decode, fullgraph=True, backend="aot_eager")
     got = testing.call_decode(fn, inputs, testing.alloc_v1_outputs(inputs))
     testing.assert_out_matches(got, _oracle(inputs), inputs.dtype, inputs.kv_cache_dtype)
+
+
+@pytest.mark.parametrize("backend", ["reference", "fallback", "ops"])
+@pytest.mark.parametrize("dtype,kv_cache_dtype,head_size",
+                         [(torch.float16, "auto", 20), (torch.float32, "fp8_e5m2", 36),
+                          (torch.bfloat16, "auto", 1)])
+def test_head_sizes_no_v1_cache_holds(backend, dtype, kv_cache_dtype, head_size):
+    """decode has no x: any head_size (here cut from a wider cache: views with strided rows)."""
+    fn = {"reference": reference.decode, **_backends()}[backend]
+    wide = testing.make_decode_inputs(3, 4, 2, 48, 5, [600, 0, 13], layout="hnd", dtype=dtype,
+                                      kv_cache_dtype=kv_cache_dtype, use_alibi=True, seed=8)
+    inputs = dataclasses.replace(wide, query=wide.query[..., :head_size],
+                                 key_cache=wide.key_cache[..., :head_size],
+                                 value_cache=wide.value_cache[..., :head_size],
+                                 head_size=head_size, scale=head_size ** -0.5)
+    got = testing.call_decode(fn, inputs, testing.alloc_v1_outputs(inputs))
+    testing.assert_out_matches(got, dense_for_decode(inputs).out, dtype, kv_cache_dtype)
