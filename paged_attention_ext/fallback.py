@@ -28,7 +28,7 @@ Algorithm (all sequences at once; no Python loop over sequences, no host sync):
      integer mask), then one batched matmul P.V per sub-chunk.
   5. Once a group of rows has all its partitions, the outputs are normalised by their exp sums,
      v2 writes them to the scratch, and both v1 and v2 combine them with
-     reference.partition_weights (the mirror of csrc/core/compound_state.h); out is rounded once
+     core.partition_weights (the mirror of csrc/core/compound_state.h); out is rounded once
      to the dtype.
 Everything is fp32. Blocks that straddle partitions (block_size not dividing 512) are gathered
 one partition at a time and cut at the partition's first token.
@@ -56,7 +56,7 @@ import math
 import torch
 
 from . import validation
-from .reference import _scale_value, encode_cache, inv_sum, partition_weights
+from .core import encode_cache, inv_sum, partition_weights, scale_value
 from .validation import PARTITION_SIZE
 
 # Budgets on a CPU. Gathered fp32 K per sub-chunk (and as much V), at most (unless one partition
@@ -431,9 +431,9 @@ def _compute(out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, 
     num_blocks = key_cache.shape[0]
     dev = query.device
 
-    logit_scale = scale * _scale_value(k_scale, dev) if kind != "auto" else scale
+    logit_scale = scale * scale_value(k_scale, dev) if kind != "auto" else scale
     q = (query.float() * logit_scale).view(1, num_seqs, num_kv_heads, group, head_size)
-    vs = _scale_value(v_scale, dev)
+    vs = scale_value(v_scale, dev)
     slopes = None
     if alibi_slopes is not None:
         slopes = alibi_slopes.float().view(1, 1, num_kv_heads, group, 1)
@@ -534,9 +534,9 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache
     num_blocks, block_size, x = key_cache.shape[0], key_cache.shape[3], key_cache.shape[4]
     if num_tokens == 0 or num_blocks == 0:
         return
-    k = encode_cache(key, kind, _scale_value(k_scale, key.device))  # [N, kvh, d]
+    k = encode_cache(key, kind, scale_value(k_scale, key.device))  # [N, kvh, d]
     k = k.reshape(num_tokens, kvh, head_size // x, x)  # [N, kvh, d/x, x]
-    v = encode_cache(value, kind, _scale_value(v_scale, key.device))  # [N, kvh, d]
+    v = encode_cache(value, kind, scale_value(v_scale, key.device))  # [N, kvh, d]
 
     slot, fill_rows = _sync_free_slots(slot_mapping, num_blocks * block_size)
     blocks, offsets = slot // block_size, slot % block_size
@@ -577,8 +577,8 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping,
     num_blocks, block_size = key_cache.shape[:2]
     if num_tokens == 0 or num_blocks == 0:
         return
-    k = encode_cache(key[:num_tokens], kind, _scale_value(k_scale, key.device))  # [N, kvh, d]
-    v = encode_cache(value[:num_tokens], kind, _scale_value(v_scale, key.device))
+    k = encode_cache(key[:num_tokens], kind, scale_value(k_scale, key.device))  # [N, kvh, d]
+    v = encode_cache(value[:num_tokens], kind, scale_value(v_scale, key.device))
     slot, fill_rows = _sync_free_slots(slot_mapping, num_blocks * block_size)
     blocks, offsets = slot // block_size, slot % block_size
     # key_cache[b, o] is [kvh, d].

@@ -22,7 +22,8 @@ Algorithm (per sequence, as the seed but correct):
   decode: step 1 gathers through the block table from the NHD-ordered cache
      [num_blocks, block_size, num_kv_heads, head_size] (any strides), steps 2-4 as v1.
   Everything is fp32; out is rounded to the query dtype once, tmp_out is stored in the query dtype.
-Steps 3-4 mirror csrc/core/compound_state.h (merge_stats, inv_sum, partition_weights) line for line.
+Steps 3-4 use core.py (merge_stats, inv_sum, partition_weights: csrc/core/compound_state.h
+line for line), the pure math the oracle shares with the code it judges, and nothing else.
 """
 
 import math
@@ -30,63 +31,10 @@ import math
 import torch
 
 from . import validation
+from .core import decode_cache, encode_cache, inv_sum, merge_stats, partition_weights, scale_value
 from .validation import PARTITION_SIZE
 
 _NEG_INF = float("-inf")
-
-
-# ---- csrc/core/compound_state.h, vectorised over leading dims (mirror it line for line) ----
-
-def merge_stats(a_max, a_sum, b_max, b_sum):
-    """Merge two (max, sum) summaries. Returns (max, sum, scale_a, scale_b) with
-    merged.out = a.out * scale_a + b.out * scale_b. Both empty (max -inf) stays empty."""
-    m = torch.maximum(a_max, b_max)
-    both_empty = m == _NEG_INF  # both empty: stay empty, never exp(NaN)
-    scale_a = torch.where(both_empty, 0.0, torch.exp(a_max - m))  # exp(-inf) = 0 for an empty side
-    scale_b = torch.where(both_empty, 0.0, torch.exp(b_max - m))
-    merged_max = torch.where(both_empty, _NEG_INF, m)
-    merged_sum = torch.where(both_empty, 0.0, a_sum * scale_a + b_sum * scale_b)
-    return merged_max, merged_sum, scale_a, scale_b
-
-
-def inv_sum(s_sum):
-    """1 / sum for normalising an output; 0 for the empty set (seq_len 0 gives zeros, not NaN)."""
-    return torch.where(s_sum > 0.0, 1.0 / s_sum, 0.0)
-
-
-def partition_weights(max_logits, exp_sums):
-    """Phase 2 weights. max_logits, exp_sums [..., n] (partition p holds its max m_p, its exp sum
-    s_p, and its output normalised by s_p). Returns w [..., n]:
-    w_p = s_p * exp(m_p - M) / sum_q s_q * exp(m_q - M), M = max_p m_p; all-empty gives zeros."""
-    m = max_logits.amax(dim=-1, keepdim=True)
-    w = torch.where(m == _NEG_INF, 0.0, exp_sums * torch.exp(max_logits - m))
-    total = w.sum(dim=-1, keepdim=True)
-    inv = torch.where(total > 0.0, 1.0 / total, 0.0)
-    return w * inv
-
-
-# ---- cache decoding / encoding ----
-
-def _scale_value(s, device):
-    """k_scale / v_scale as passed (float or 1-element tensor) -> something to multiply by."""
-    return s.to(device=device, dtype=torch.float32).reshape(()) if isinstance(s, torch.Tensor) else float(s)
-
-
-def decode_cache(t, kind, scale):
-    """Cache elements -> fp32 values: 'auto' as is (scale ignored), fp8 bytes decoded * scale."""
-    if kind == "auto":
-        return t.float()
-    return t.view(validation.FP8_DTYPES[kind]).float() * scale
-
-
-def encode_cache(t, kind, scale):
-    """Values -> cache elements: 'auto' as is, fp8: fp8(x / scale) saturated to the finite max.
-    NOTE: torch's float8 conversion does not saturate (overflow gives NaN / inf), so clamp first."""
-    if kind == "auto":
-        return t
-    fp8 = validation.FP8_DTYPES[kind]
-    fmax = torch.finfo(fp8).max
-    return (t.float() / scale).clamp(-fmax, fmax).to(fp8).view(torch.uint8)
 
 
 # ---- attention ----
@@ -187,8 +135,8 @@ def _attention(out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache
     validation.check_attention_data(op, key_cache, block_tables, seq_lens, block_size, tmp_out)
     sparse = validation.blocksparse_spec(tp_rank, bs_local, bs_vert, bs_block, bs_step)
     num_heads = query.shape[1]
-    ks = _scale_value(k_scale, query.device)
-    vs = _scale_value(v_scale, query.device)
+    ks = scale_value(k_scale, query.device)
+    vs = scale_value(v_scale, query.device)
 
     for s, seq_len in enumerate(seq_lens.tolist()):
         if seq_len == 0:
@@ -258,8 +206,8 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache
     tokens = (slot_mapping >= 0).nonzero().squeeze(1)
     slots = slot_mapping[tokens]
     blocks, offsets = slots // block_size, slots % block_size
-    k = encode_cache(key[tokens], kind, _scale_value(k_scale, key.device))
-    v = encode_cache(value[tokens], kind, _scale_value(v_scale, key.device))
+    k = encode_cache(key[tokens], kind, scale_value(k_scale, key.device))
+    v = encode_cache(value[tokens], kind, scale_value(v_scale, key.device))
     # key_cache[b, :, :, o, :] is [kvh, head_size/x, x]; value_cache[b, :, :, o] is [kvh, head_size].
     key_cache[blocks, :, :, offsets, :] = k.reshape(-1, kvh, head_size // x, x)
     value_cache[blocks, :, :, offsets] = v
@@ -286,8 +234,8 @@ def decode(out, query, key_cache, value_cache, block_tables, seq_lens, scale, al
                                         v_scale)
     validation.check_decode_data(op, key_cache, block_tables, seq_lens)
     block_size = key_cache.size(1)
-    ks = _scale_value(k_scale, query.device)
-    vs = _scale_value(v_scale, query.device)
+    ks = scale_value(k_scale, query.device)
+    vs = scale_value(v_scale, query.device)
 
     for s, seq_len in enumerate(seq_lens.tolist()):
         if seq_len == 0:
@@ -316,6 +264,6 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping,
     slots = slot_mapping[tokens]
     blocks, offsets = slots // block_size, slots % block_size
     # key_cache[b, o] is [num_kv_heads, head_size]; indexing a view writes through to its storage.
-    key_cache[blocks, offsets] = encode_cache(key[tokens], kind, _scale_value(k_scale, key.device))
+    key_cache[blocks, offsets] = encode_cache(key[tokens], kind, scale_value(k_scale, key.device))
     value_cache[blocks, offsets] = encode_cache(value[tokens], kind,
-                                                _scale_value(v_scale, key.device))
+                                                scale_value(v_scale, key.device))

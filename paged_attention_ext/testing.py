@@ -21,7 +21,7 @@ from typing import List, NamedTuple, Optional, Union
 
 import torch
 
-from .reference import encode_cache
+from .core import encode_cache
 from .validation import FP8_DTYPES  # noqa: F401  (re-exported: kv_cache_dtype -> torch fp8 dtype)
 from .validation import PARTITION_SIZE, Blocksparse, cache_dtype_for, parse_kv_cache_dtype
 
