@@ -38,7 +38,7 @@ from .paged_kv_cache import PagedKVCache, StepMetadata  # noqa: E402
 
 ATTN_IMPLEMENTATION = "paged_attn"
 
-__all__ = ["ATTN_IMPLEMENTATION", "GreedyOutput", "PagedKVCache", "generate_greedy",
+__all__ = ["ATTN_IMPLEMENTATION", "CONTINUOUS_BATCHING", "GreedyOutput", "PagedKVCache", "generate_greedy",
            "paged_attention_forward", "register"]
 
 
@@ -146,6 +146,9 @@ def register() -> None:
 
 
 register()
+
+# transformers' own continuous batching through the paged ops (its own module; registered on import).
+from .transformers_continuous_batching import CONTINUOUS_BATCHING  # noqa: E402
 
 
 # ---- the decode driver ----
