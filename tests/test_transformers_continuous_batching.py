@@ -77,8 +77,7 @@ def _generate_batch(model, prompts, max_batch_tokens, attn_implementation):
     model = copy.deepcopy(model)
     model.set_attn_implementation(attn_implementation)
     cb_config = transformers.ContinuousBatchingConfig(
-        page_size=PAGE_SIZE, num_blocks=160, max_batch_tokens=max_batch_tokens,
-        allow_block_sharing=False)
+        page_size=PAGE_SIZE, num_blocks=160, max_batch_tokens=max_batch_tokens)
     results = model.generate_batch(prompts, generation_config=_generation_config(),
                                    continuous_batching_config=cb_config, progress_bar=False)
     assert len(results) == len(prompts)
@@ -161,11 +160,15 @@ def test_other_implementations_unchanged(paged_ops, monkeypatch):
 
 
 def test_generate_with_the_implementation(paged_ops):
-    """generate() (no continuous batching) with CONTINUOUS_BATCHING: flash_attn_func, and
-    flash_attn_varlen_func for a left-padded batch, give sdpa's tokens."""
+    """A model loaded with attn_implementation=CONTINUOUS_BATCHING; generate() (no continuous
+    batching): flash_attn_func, and flash_attn_varlen_func for a left-padded batch, give sdpa's
+    tokens."""
     model = _model("gqa")
-    ours = copy.deepcopy(model)
-    ours.set_attn_implementation(CONTINUOUS_BATCHING)
+    ours = transformers.AutoModelForCausalLM.from_config(
+        copy.deepcopy(model.config), attn_implementation=CONTINUOUS_BATCHING)
+    ours.load_state_dict(model.state_dict())
+    ours.eval()
+    assert ours.config._attn_implementation == CONTINUOUS_BATCHING
     prompts = [torch.tensor(p) for p in _prompts()[:3]]
     config = _generation_config()
     for prompt in prompts:
@@ -181,12 +184,19 @@ def test_generate_with_the_implementation(paged_ops):
 def test_decode_path_enabled_for_this_implementation_only():
     from transformers.generation.continuous_batching import initialization
 
-    for implementation, expected in ((CONTINUOUS_BATCHING, 32), ("sdpa", 0)):
+    for implementation, expected, graphs in ((CONTINUOUS_BATCHING, 32, (False, False)),
+                                             ("sdpa", 0, None)):
         config = copy.deepcopy(_model("gqa").config)
         config._attn_implementation_internal = implementation
         cb_config = transformers.ContinuousBatchingConfig(max_blocks_per_request=32)
         initialization.ensure_decode_fast_path_is_available(config, cb_config, False)
         assert cb_config.max_blocks_per_request == expected
+        assert cb_config.use_cuda_graph == graphs
+    # Graphs the user asks for are kept.
+    config._attn_implementation_internal = CONTINUOUS_BATCHING
+    cb_config = transformers.ContinuousBatchingConfig(use_cuda_graph=(False, True))
+    initialization.ensure_decode_fast_path_is_available(config, cb_config, False)
+    assert cb_config.use_cuda_graph == (False, True)
     # A sliding-window layer keeps transformers' refusal of the block-table path.
     config = transformers.MistralConfig(hidden_size=64, intermediate_size=128,
                                         num_hidden_layers=2, num_attention_heads=4,

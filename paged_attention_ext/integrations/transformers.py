@@ -38,8 +38,8 @@ from .paged_kv_cache import PagedKVCache, StepMetadata  # noqa: E402
 
 ATTN_IMPLEMENTATION = "paged_attn"
 
-__all__ = ["ATTN_IMPLEMENTATION", "CONTINUOUS_BATCHING", "GreedyOutput", "PagedKVCache", "generate_greedy",
-           "paged_attention_forward", "register"]
+__all__ = ["ATTN_IMPLEMENTATION", "CONTINUOUS_BATCHING", "GreedyOutput", "PagedKVCache",
+           "generate_greedy", "paged_attention_forward", "register"]
 
 
 # ---- the attention function ----
@@ -147,7 +147,7 @@ def register() -> None:
 
 register()
 
-# transformers' own continuous batching through the paged ops (its own module; registered on import).
+# transformers' own continuous batching through the paged ops (its module registers it on import).
 from .transformers_continuous_batching import CONTINUOUS_BATCHING  # noqa: E402
 
 

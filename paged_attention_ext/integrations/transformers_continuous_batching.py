@@ -29,7 +29,10 @@ What this module adds, once, on import (nothing in transformers' files is edited
   3. the decode block-table path is enabled for CONTINUOUS_BATCHING on every device: transformers
      5.24 enables it only for FlashAttention 2/3 on CUDA or XPU
      (initialization.ensure_decode_fast_path_is_available), i.e. never on a CPU. Models with a
-     sliding-window layer keep transformers' own refusal of that path.
+     sliding-window layer keep transformers' own refusal of that path. Accelerator graphs stay
+     off unless the config asks for them (`use_cuda_graph`): transformers turns them on by
+     default for a flash implementation, and flash_attn_varlen_func reads its sequence bounds on
+     the host, which a graph capture forbids.
 Hooks 2 and 3 wrap one private function each; they are installed only on the transformers
 versions listed in SUPPORTED_TRANSFORMERS and pass every other implementation through unchanged.
 """
@@ -82,7 +85,8 @@ def _install_flash_loader() -> None:
 
 
 def _install_decode_path() -> None:
-    """Hook 3: the block-table decode path for CONTINUOUS_BATCHING on any device."""
+    """Hook 3: the block-table decode path for CONTINUOUS_BATCHING on any device, graphs off
+    unless asked for."""
     from transformers.generation.continuous_batching import initialization
     from transformers.generation.continuous_batching.cache import (
         ATTN_TYPE_TO_ALLOCATOR, group_layers_by_attn_type)
@@ -99,6 +103,8 @@ def _install_decode_path() -> None:
         layer_types = group_layers_by_attn_type(config)
         if not all(ATTN_TYPE_TO_ALLOCATOR[t].supports_block_table for t in layer_types):
             cb_config.max_blocks_per_request = 0
+        if cb_config.use_cuda_graph is None:  # transformers' default would be on (see above)
+            cb_config.use_cuda_graph = (False, False)
         return None
 
     ensure_decode_fast_path_is_available._paged_attention_ext = True
