@@ -48,7 +48,7 @@ from . import transformers_flash
 CONTINUOUS_BATCHING = "paged_attn_flash"
 
 # The transformers releases whose internals hooks 2 and 3 are written against (pyproject.toml's
-# `transformers` extra and docs/INTEGRATIONS.md state the same range).
+# `transformers-continuous-batching` extra and docs/INTEGRATIONS.md state the same range).
 SUPPORTED_TRANSFORMERS = (Version("5.24"), Version("5.25"))  # [low, high)
 
 __all__ = ["CONTINUOUS_BATCHING", "SUPPORTED_TRANSFORMERS", "is_supported", "register"]
