@@ -7,7 +7,8 @@ attention is sharp (a wrong block lookup or a misplaced token changes the output
 530 tokens in one batch, page_size 16: from one page to 34, and past 512 tokens (the ops' partition
 size). Two schedules: every prompt prefilled in the first batch then decode-only batches (each
 decode step asserted to reach our op with the right lengths), and chunked prefill (a 64-token
-batch budget) mixing prefill chunks with other sequences' decode tokens.
+batch budget) mixing prefill chunks with other sequences' decode tokens. A sliding-window model
+(Qwen2, one sliding layer), which transformers keeps off the block-table path, runs too.
 
 The FlashAttention API functions behind it (integrations/transformers_flash.py) are checked
 against float64 dense attention on NaN-poisoned, shuffled paged caches.
@@ -151,6 +152,35 @@ def test_chunked_prefill_and_mixed_batches(paged_ops, name, monkeypatch):
     assert decodes.calls, "no decode-only batch reached torch.ops.paged_attn.decode"
 
 
+def _sliding_window_model():
+    """Qwen2 with a sliding-window layer (window 8) under a full-attention one: the first
+    layer's prefill output is cached as the second layer's K/V, so a window ignored in prefill
+    changes every later step."""
+    if "sliding" not in _MODELS:
+        config = transformers.Qwen2Config(
+            vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            max_position_embeddings=1024, initializer_range=0.08, use_sliding_window=True,
+            sliding_window=8, layer_types=["sliding_attention", "full_attention"],
+            bos_token_id=None, eos_token_id=None, pad_token_id=None)
+        assert config.layer_types == ["sliding_attention", "full_attention"]
+        torch.manual_seed(7)
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+        _MODELS["sliding"] = model.eval()
+    return _MODELS["sliding"]
+
+
+@pytest.mark.parametrize("max_batch_tokens", [1024, 64])
+def test_sliding_window_model(paged_ops, max_batch_tokens, monkeypatch):
+    """transformers keeps sliding-window models off the block-table path: every step is
+    flash_attn_varlen_func's, with the window applied; tokens are generate()'s."""
+    model, prompts = _sliding_window_model(), _prompts()[:3]
+    decodes = _OpCalls(monkeypatch, "decode", _decode_record)
+    assert (_generate_batch(model, prompts, max_batch_tokens, CONTINUOUS_BATCHING)
+            == _generate_reference(model, prompts))
+    assert decodes.calls == []
+
+
 def test_other_implementations_unchanged(paged_ops, monkeypatch):
     """sdpa continuous batching still runs transformers' own path (no call to our ops)."""
     model, prompts = _model("gqa"), _prompts()[:2]
@@ -215,14 +245,17 @@ def test_supported_versions():
 
 # ---- the FlashAttention API functions against float64 dense attention ----
 
-def _dense_causal(q, k, v, scale):
-    """float64. q [q_len, H, d]; k, v [k_len, Hkv, d]; bottom-right causal -> [q_len, H, d]."""
+def _dense_causal(q, k, v, scale, window=None):
+    """float64. q [q_len, H, d]; k, v [k_len, Hkv, d]; bottom-right causal, and with `window`
+    each query sees its last `window` positions only -> [q_len, H, d]."""
     q_len, k_len = q.shape[0], k.shape[0]
     group = q.shape[1] // k.shape[1]
     k = k.double().repeat_interleave(group, dim=1)
     v = v.double().repeat_interleave(group, dim=1)
     logits = scale * torch.einsum("qhd,khd->hqk", q.double(), k)
     allowed = torch.ones(q_len, k_len, dtype=torch.bool).tril(k_len - q_len)
+    if window is not None:
+        allowed &= ~torch.ones(q_len, k_len, dtype=torch.bool).tril(k_len - q_len - window)
     logits = logits.masked_fill(~allowed, float("-inf"))
     return torch.einsum("hqk,khd->qhd", logits.softmax(-1), v)
 
@@ -260,29 +293,43 @@ def test_flash_attn_with_kvcache_against_dense(paged_ops, num_heads, num_kv_head
     assert written.any(dim=(2, 3)).sum() == 3  # one slot per real sequence, none for padding
 
 
-def test_flash_attn_varlen_func_against_dense():
+@pytest.mark.parametrize("window", [None, 9])
+def test_flash_attn_varlen_func_against_dense(window):
     gen = torch.Generator().manual_seed(3)
-    q_lens, k_lens = [7, 1, 0, 40], [7, 30, 5, 600]  # prefill, decode token, empty, chunk
+    q_lens, k_lens = [7, 1, 0, 40, 20], [7, 30, 5, 600, 20]  # prefill, decode, empty, chunk
     q = torch.randn(sum(q_lens) + 2, 8, 16, generator=gen)  # 2 padding rows at the end
     k, v = (torch.randn(sum(k_lens), 2, 16, generator=gen) for _ in range(2))
     cu_q = torch.tensor([0] + q_lens).cumsum(0).int()
     cu_k = torch.tensor([0] + k_lens).cumsum(0).int()
+    # transformers' window_size for a window of w tokens: (w - 1, w - 1)
+    window_size = (-1, -1) if window is None else (window - 1, window - 1)
     out = flash.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(q_lens), max(k_lens),
-                                       softmax_scale=0.3, causal=True)
-    for s in range(4):
+                                       softmax_scale=0.3, causal=True, window_size=window_size)
+    for s in range(len(q_lens)):
         qs, ks = slice(cu_q[s], cu_q[s + 1]), slice(cu_k[s], cu_k[s + 1])
         if q_lens[s]:
-            torch.testing.assert_close(out[qs].double(), _dense_causal(q[qs], k[ks], v[ks], 0.3),
-                                       rtol=1e-5, atol=1e-5)
+            expected = _dense_causal(q[qs], k[ks], v[ks], 0.3, window)
+            torch.testing.assert_close(out[qs].double(), expected, rtol=1e-5, atol=1e-5)
     assert torch.equal(out[-2:], torch.zeros_like(out[-2:]))
 
 
-_UNSUPPORTED = ({"window_size": (31, 31)}, {"s_aux": torch.zeros(4)}, {"dropout_p": 0.1})
+def test_flash_attn_func_against_dense():
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 6, 4, 16, generator=gen)
+    k, v = (torch.randn(2, 25, 2, 16, generator=gen) for _ in range(2))
+    out = flash.flash_attn_func(q, k, v, softmax_scale=0.25, causal=True, window_size=(7, 7))
+    for b in range(2):
+        torch.testing.assert_close(out[b].double(), _dense_causal(q[b], k[b], v[b], 0.25, 8),
+                                   rtol=1e-5, atol=1e-5)
+
+
+_UNSUPPORTED = ({"s_aux": torch.zeros(4)}, {"dropout_p": 0.1})
 
 
 @pytest.mark.parametrize("function,unsupported", [
     *(("varlen", u) for u in _UNSUPPORTED), *(("dense", u) for u in _UNSUPPORTED),
-    *(("kvcache", u) for u in _UNSUPPORTED[:2]),  # FlashAttention's kvcache API has no dropout
+    # FlashAttention's kvcache API has no dropout; paged_attn.decode has no window
+    ("kvcache", {"s_aux": torch.zeros(4)}), ("kvcache", {"window_size": (31, 31)}),
 ])
 def test_unsupported_features_are_refused(function, unsupported):
     q = torch.randn(2, 1, 4, 16)

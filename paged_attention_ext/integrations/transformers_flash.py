@@ -15,12 +15,15 @@ FlashAttention's signatures (`modeling_flash_attention_utils._flash_attention_fo
 The last two compute causal attention per sequence with torch's scaled_dot_product_attention.
 
 Causal masks are aligned bottom-right as in FlashAttention >= 2.1: query i of a sequence with
-q_len queries and k_len keys sees keys j <= i + k_len - q_len.
+q_len queries and k_len keys sees keys j <= i + k_len - q_len; a sliding window (window_size)
+narrows that by FlashAttention's rule. flash_attn_with_kvcache has no window (paged_attn.decode
+attends to the whole sequence; transformers never sends sliding-window models down that path).
 
-Arguments these functions do not compute (dropout, a sliding window, attention sinks) are in
-the signatures on purpose: transformers drops a feature the signature lacks instead of
-refusing it, so each is accepted here only at its neutral value and refused otherwise
-(softcap is left out: transformers itself refuses it for functions without the argument).
+Arguments these functions do not compute (dropout, attention sinks, a window in
+flash_attn_with_kvcache) are in the signatures on purpose: transformers drops a feature the
+signature lacks instead of refusing it, so each is accepted here only at its neutral value and
+refused otherwise (softcap is left out: transformers itself refuses it for functions without
+the argument).
 """
 
 from typing import Optional, Tuple
@@ -31,12 +34,10 @@ import torch.nn.functional as F
 _NAME = "paged_attention_ext flash API"
 
 
-def _refuse_unsupported(function: str, dropout_p: float, window_size, s_aux) -> None:
+def _refuse_unsupported(function: str, dropout_p: float, s_aux) -> None:
     problem = None
     if dropout_p:
         problem = f"dropout (dropout_p={dropout_p}); inference only"
-    elif window_size is not None and tuple(window_size) != (-1, -1):
-        problem = f"a sliding window (window_size={tuple(window_size)})"
     elif s_aux is not None:
         problem = "attention sinks (s_aux)"
     if problem:
@@ -44,15 +45,27 @@ def _refuse_unsupported(function: str, dropout_p: float, window_size, s_aux) -> 
 
 
 def _causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      scale: Optional[float], causal: bool) -> torch.Tensor:
+                      scale: Optional[float], causal: bool,
+                      window_size: Tuple[int, int]) -> torch.Tensor:
     """One sequence. query [q_len, num_heads, d]; key, value [k_len, num_kv_heads, d]
-    -> [q_len, num_heads, d], causal bottom-right aligned."""
+    -> [q_len, num_heads, d]. Query i stands at key position i + k_len - q_len (bottom-right);
+    it sees key j when j <= that position (causal) and, for window_size (left, right) entries
+    >= 0, when j >= position - left and j <= position + right (FlashAttention's rule)."""
     q_len, k_len = query.shape[0], key.shape[0]
-    mask = None
-    is_causal = causal and q_len > 1
-    if is_causal and q_len != k_len:  # sdpa's is_causal is top-left aligned
-        mask = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device).tril(k_len - q_len)
-        is_causal = False
+    left, right = window_size
+    right = 0 if causal else right
+    mask, is_causal = None, False
+    if left < 0 and right == 0 and q_len == k_len:
+        is_causal = True  # sdpa's own mask: top-left aligned, the same when q_len == k_len
+    elif (left >= 0 or right >= 0) and not (left < 0 and right == 0 and q_len == 1):
+        # (a single causal query without a window sees every key: no mask)
+        position = torch.arange(q_len, device=query.device)[:, None] + (k_len - q_len)
+        j = torch.arange(k_len, device=query.device)[None, :]
+        mask = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device)
+        if right >= 0:
+            mask &= j <= position + right
+        if left >= 0:
+            mask &= j >= position - left
     out = F.scaled_dot_product_attention(
         query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1), attn_mask=mask,
         is_causal=is_causal, scale=scale, enable_gqa=query.shape[1] != key.shape[1])
@@ -68,13 +81,14 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """Packed sequences. q [total_q, num_heads, d]; k, v [total_k, num_kv_heads, d];
     cu_seqlens_q / cu_seqlens_k int [num_seqs + 1]: sequence i is rows cu[i]:cu[i + 1].
     Returns [total_q, num_heads, d]; rows past cu_seqlens_q[-1] (padding) are zero."""
-    _refuse_unsupported("flash_attn_varlen_func", dropout_p, window_size, s_aux)
+    _refuse_unsupported("flash_attn_varlen_func", dropout_p, s_aux)
     out = q.new_zeros(q.shape)
     starts_q, starts_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()  # host: loop bounds
     for i in range(len(starts_q) - 1):
         q0, q1, k0, k1 = starts_q[i], starts_q[i + 1], starts_k[i], starts_k[i + 1]
         if q1 > q0:
-            out[q0:q1] = _causal_attention(q[q0:q1], k[k0:k1], v[k0:k1], softmax_scale, causal)
+            out[q0:q1] = _causal_attention(q[q0:q1], k[k0:k1], v[k0:k1], softmax_scale, causal,
+                                           window_size)
     return out
 
 
@@ -83,8 +97,8 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
                     window_size: Tuple[int, int] = (-1, -1),
                     s_aux: Optional[torch.Tensor] = None) -> torch.Tensor:
     """q [batch, q_len, num_heads, d]; k, v [batch, k_len, num_kv_heads, d] -> like q."""
-    _refuse_unsupported("flash_attn_func", dropout_p, window_size, s_aux)
-    return torch.stack([_causal_attention(q[b], k[b], v[b], softmax_scale, causal)
+    _refuse_unsupported("flash_attn_func", dropout_p, s_aux)
+    return torch.stack([_causal_attention(q[b], k[b], v[b], softmax_scale, causal, window_size)
                         for b in range(q.shape[0])])
 
 
@@ -104,7 +118,10 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     and attends over cache_seqlens + 1 tokens. A negative entry marks a padding sequence:
     nothing written, zero output. Returns [num_seqs, 1, num_heads, d].
     """
-    _refuse_unsupported("flash_attn_with_kvcache", 0.0, window_size, s_aux)
+    _refuse_unsupported("flash_attn_with_kvcache", 0.0, s_aux)
+    if tuple(window_size) != (-1, -1):  # paged_attn.decode attends to the whole sequence
+        raise ValueError(f"{_NAME}: flash_attn_with_kvcache does not support a sliding window "
+                         f"(window_size={tuple(window_size)})")
     if block_table is None or cache_seqlens is None or k is None or v is None:
         raise ValueError(f"{_NAME}: flash_attn_with_kvcache computes the paged decode step "
                          "only: it needs block_table, cache_seqlens and the new k, v")
