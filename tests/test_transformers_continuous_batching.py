@@ -152,6 +152,31 @@ def test_chunked_prefill_and_mixed_batches(paged_ops, name, monkeypatch):
     assert decodes.calls, "no decode-only batch reached torch.ops.paged_attn.decode"
 
 
+def test_prefix_sharing(paged_ops, monkeypatch):
+    """Prompts sharing a 70-token prefix, prefilled in 40-token batches: later requests reuse
+    the first one's complete pages (transformers' prefix sharing), and decode reads them."""
+    from transformers.generation.continuous_batching.cache import PagedAttentionCache
+
+    model = _model("gqa")
+    gen = torch.Generator().manual_seed(8)
+    prefix = torch.randint(1, VOCAB, (70,), generator=gen).tolist()
+    prompts = [prefix + torch.randint(1, VOCAB, (n,), generator=gen).tolist() for n in (3, 40)]
+    prompts.append(prefix)
+    matched = []
+    search = PagedAttentionCache.search_prefix_match
+
+    def recorded_search(self, request_id, prompt_ids):
+        matched.append(search(self, request_id, prompt_ids))
+        return matched[-1]
+
+    monkeypatch.setattr(PagedAttentionCache, "search_prefix_match", recorded_search)
+    decodes = _OpCalls(monkeypatch, "decode", _decode_record)
+    assert _generate_batch(model, prompts, 40, CONTINUOUS_BATCHING) == _generate_reference(
+        model, prompts)
+    assert max(matched) >= 4 * PAGE_SIZE, f"no prefix shared: {matched}"
+    assert decodes.calls
+
+
 def _sliding_window_model():
     """Qwen2 with a sliding-window layer (window 8) under a full-attention one: the first
     layer's prefill output is cached as the second layer's K/V, so a window ignored in prefill
