@@ -262,10 +262,13 @@ def test_decode_path_enabled_for_this_implementation_only():
     assert cb_config.max_blocks_per_request == 0
 
 
-def test_supported_versions():
+def test_supported_versions(monkeypatch):
     assert tcb.is_supported("5.24.0") and tcb.is_supported("5.24.3.dev0")
     assert not tcb.is_supported("5.25.0") and not tcb.is_supported("4.57.1")
     assert tcb.register()  # idempotent on this (supported) version
+    monkeypatch.setattr(tcb, "is_supported", lambda: False)
+    with pytest.warns(UserWarning, match="needs transformers>=5.24,<5.25"):
+        assert tcb.register() is False
 
 
 # ---- the FlashAttention API functions against float64 dense attention ----

@@ -59,13 +59,6 @@ def is_supported(version: str = transformers.__version__) -> bool:
     return low <= Version(Version(version).base_version) < high
 
 
-def _flash_api():
-    """(flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache) as transformers'
-    loader returns them for a flash implementation."""
-    return (transformers_flash.flash_attn_func, transformers_flash.flash_attn_varlen_func,
-            transformers_flash.flash_attn_with_kvcache)
-
-
 def _install_flash_loader() -> None:
     """Hook 2: transformers' flash loader returns this package's API for CONTINUOUS_BATCHING."""
     from transformers import modeling_flash_attention_utils as fa_utils
@@ -76,8 +69,10 @@ def _install_flash_loader() -> None:
 
     @functools.wraps(original)
     def lazy_imports(implementation, attention_wrapper=None, allow_all_kernels=False):
-        if implementation == CONTINUOUS_BATCHING:
-            return (*_flash_api(), fa_utils._pad_input, fa_utils._unpad_input)
+        if implementation == CONTINUOUS_BATCHING:  # what the loader returns for a flash kernel
+            return (transformers_flash.flash_attn_func, transformers_flash.flash_attn_varlen_func,
+                    transformers_flash.flash_attn_with_kvcache, fa_utils._pad_input,
+                    fa_utils._unpad_input)
         return original(implementation, attention_wrapper, allow_all_kernels=allow_all_kernels)
 
     lazy_imports._paged_attention_ext = True
