@@ -17,6 +17,11 @@ How it plugs in (transformers' own extension points; nothing in transformers is 
   - `generate_greedy(model, prompts, max_new_tokens)` drives it: prefill each prompt, then
     decode all sequences together, one token per step.
 
+CONTINUOUS_BATCHING, also exported here, is the other route: transformers' own continuous
+batching (`model.generate_batch`, `transformers serve`) with decode in the paged ops on
+transformers' own cache (transformers_continuous_batching.py; docs/INTEGRATIONS.md says which
+route fits what).
+
 The ops are whatever backend is active for the device (the compiled CPU / CUDA kernels, else the
 PyTorch implementation). ALiBi: `alibi_slopes` is honoured by both paths, but no ALiBi model in
 transformers (Bloom, MPT, Falcon) computes attention through the AttentionInterface, so no
