@@ -47,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--kv-cache-dtype", default="auto",
                        choices=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
                        help="KV cache storage: the dtype itself (auto) or fp8 bytes")
+    bench.add_argument("--kv-layout", choices=("vllm", "nhd", "hnd"), default="vllm",
+                       help="cache layout: vllm (v1 / v2, default), nhd or hnd (decode); same "
+                            "bytes in every layout")
     bench.add_argument("--preset", action="append", choices=PRESET_NAMES, default=None,
                        help="repeatable; default: the realistic presets for the device")
     bench.add_argument("--shape", action="append", default=None, metavar="SPEC",
@@ -112,20 +115,21 @@ def _bench_config(args):
     for spec in args.shape or ():
         shapes += presets.parse_shape(spec)
     names = (tuple(n.strip() for n in args.contenders.split(",") if n.strip())
-             if args.contenders else contenders.default_contenders(device))
+             if args.contenders else contenders.default_contenders(device, args.kv_layout))
     unknown = [n for n in names if n not in contenders.CONTENDERS]
     if unknown:
         raise ValueError(f"unknown contender(s) {', '.join(unknown)}; choose from "
                          f"{', '.join(contenders.CONTENDERS)}")
     element_size = 1 if args.kv_cache_dtype != "auto" else getattr(torch, dtype_name).itemsize
     for shape in shapes:
-        if shape.head % (16 // element_size):
+        if args.kv_layout == "vllm" and shape.head % (16 // element_size):
             raise ValueError(f"head size {shape.head} must be a multiple of x = "
                              f"{16 // element_size} for a {args.kv_cache_dtype} / {dtype_name} "
                              "cache")
     return BenchConfig(device=device, dtype=getattr(torch, dtype_name),
                        kv_cache_dtype=args.kv_cache_dtype, shapes=shapes, contenders=names,
-                       full=args.full, seed=args.seed, bandwidth_bytes=args.bandwidth_mib << 20)
+                       full=args.full, seed=args.seed, bandwidth_bytes=args.bandwidth_mib << 20,
+                       kv_layout=args.kv_layout)
 
 
 def _cmd_bench(args) -> int:

@@ -284,3 +284,40 @@ def test_speedups_use_vllms_pick():
     runner._add_speedups(rows, "v1")
     assert [r["speedup"] for r in rows] == [1.0, 2.0, 5.0, None]
     assert rows[0]["speedup_ref"] == "ours-v1"
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_bench_kv_layouts_read_the_same_bytes(tmp_path, kv_cache_dtype):
+    """--kv-layout nhd / hnd race decode (ours, fallback, oracle) on the same shapes and bytes as
+    v1 / v2 on vLLM's layout, every contender checked against the oracle."""
+    rows_by_layout = {}
+    for layout in ("vllm", "nhd", "hnd"):
+        json_path = tmp_path / f"{layout}.json"
+        argv = ["bench", "--shape", "batch=2,heads=6,kv_heads=2,head=48,ctx=37/600,block=8",
+                "--kv-layout", layout, "--kv-cache-dtype", kv_cache_dtype, "--no-progress",
+                "--json", str(json_path), "--bandwidth-mib", "16"]
+        assert cli.main(argv) == 0
+        data = json.loads(json_path.read_text())
+        assert data["config"]["kv_layout"] == layout
+        rows_by_layout[layout] = data["results"]
+        names = {r["contender"] for r in data["results"]}
+        assert names == set(contenders.default_contenders("cpu", layout))
+        assert ("ours-decode" in names) == (layout != "vllm")
+        assert not names & {"ours-v1", "ours-v2"} or layout == "vllm"
+        for row in data["results"]:
+            assert row["correct"] is True, row
+        ours = [r for r in data["results"] if r["contender"] == "ours-decode"]
+        assert all(r["speedup"] == pytest.approx(1.0) for r in ours)
+    bytes_of = {layout: sorted({(r["label"], r["bytes"]) for r in rows})
+                for layout, rows in rows_by_layout.items()}
+    assert bytes_of["nhd"] == bytes_of["hnd"] == bytes_of["vllm"]
+
+
+def test_workload_hnd_is_a_transposed_view():
+    shape = presets.parse_shape("batch=2,heads=4,kv_heads=2,head=32,ctx=50,block=16")[0]
+    work = make_workload(shape, torch.float32, "auto", "cpu", seed=1, kv_layout="hnd")
+    num_blocks = work.key_cache.shape[0]
+    assert work.key_cache.shape == (num_blocks, 16, 2, 32)  # NHD order, as decode takes it
+    assert work.key_cache.stride() == (16 * 2 * 32, 32, 16 * 32, 1)  # stored [blocks, h, bs, d]
+    with pytest.raises(ValueError, match="kv_layout"):
+        make_workload(shape, torch.float32, "auto", "cpu", kv_layout="nchw")

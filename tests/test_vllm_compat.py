@@ -1,4 +1,4 @@
-"""paged_attention_ext.vllm_compat: the seed's signature and vLLM's _custom_ops names, called
+"""paged_attention_ext.integrations.vllm_compat: the seed's signature and vLLM's _custom_ops names, called
 exactly as the seed / vLLM call them, against the oracle (paged_attention_ext.reference)."""
 
 import inspect
@@ -6,7 +6,8 @@ import inspect
 import pytest
 import torch
 
-from paged_attention_ext import reference, testing, vllm_compat
+from paged_attention_ext import reference, testing
+from paged_attention_ext.integrations import vllm_compat
 
 # The signature of the PyTorch reference function vLLM ports call (paged_attention_v2_pytorch):
 # names, order, defaults.
@@ -26,6 +27,14 @@ SEED_PARAMETERS = [
 
 def _parameters(fn):
     return [(p.name, p.default) for p in inspect.signature(fn).parameters.values()]
+
+
+def test_former_module_name_is_the_same_module():
+    import paged_attention_ext.vllm_compat as former
+    from paged_attention_ext.vllm_compat import paged_attention_v2
+
+    assert former is vllm_compat
+    assert paged_attention_v2 is vllm_compat.paged_attention_v2
 
 
 def test_signatures_match_the_seed_and_vllm():

@@ -1,7 +1,9 @@
 """The implementations the benchmark races, each as `prepare(work) -> run() -> out`.
 
 `prepare` allocates outputs and scratch (and, for dense SDPA, the contiguous K/V) outside the
-timed region; `run` is one decode step and returns out [batch, heads, head].
+timed region; `run` is one decode step and returns out [batch, heads, head]. v1 / v2 read vLLM's
+cache layout; decode reads the NHD-ordered caches ("nhd", and "hnd" as its transposed view); the
+oracle and the fallback run whichever op the workload's layout takes.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class Contender:
     prepare: Callable[[Workload], Callable[[], torch.Tensor]]
     description: str
     devices: tuple = ("cpu", "cuda")
+    layouts: tuple = ("vllm", "nhd", "hnd")  # workload kv_layouts it can read
 
 
 def _v2_buffers(work: Workload):
@@ -60,10 +63,28 @@ def _prepare_v2(fn):
     return prepare
 
 
+def _prepare_decode(fn):
+    def prepare(work):
+        out = torch.empty_like(work.query)
+        args = (work.query, work.key_cache, work.value_cache, work.block_tables, work.seq_lens,
+                work.scale, None, work.kv_cache_dtype, work.k_scale, work.v_scale)
+        return lambda: (fn(out, *args), out)[1]
+    return prepare
+
+
+def _prepare_by_layout(module):
+    """v2 of `module` on vLLM's layout, its decode on the others."""
+    def prepare(work):
+        if work.kv_layout == "vllm":
+            return _prepare_v2(module.paged_attention_v2)(work)
+        return _prepare_decode(module.decode)(work)
+    return prepare
+
+
 def _prepare_fallback(work):
     from .. import fallback  # the PyTorch implementation devices without a kernel get
 
-    return _prepare_v2(fallback.paged_attention_v2)(work)
+    return _prepare_by_layout(fallback)(work)
 
 
 def _gather_dense(work: Workload):
@@ -71,6 +92,10 @@ def _gather_dense(work: Workload):
     tables: what a PyTorch user without a paged kernel writes."""
     s = work.shape
     tables = work.block_tables.long()                                  # [B, nb]
+    if work.kv_layout != "vllm":                                       # NHD-ordered views
+        k, v = (c[tables].permute(0, 3, 1, 2, 4).reshape(s.batch, s.kv_heads, -1, s.head)
+                [:, :, :s.ctx] for c in (work.key_cache, work.value_cache))  # [B, kvh, ctx, d]
+        return decode(k, work, work.k_scale), decode(v, work, work.v_scale)
     k = work.key_cache[tables]                                         # [B, nb, kvh, d/x, bs, x]
     k = k.permute(0, 2, 1, 4, 3, 5).reshape(s.batch, s.kv_heads, -1, s.head)[:, :, :s.ctx]
     v = work.value_cache[tables]                                       # [B, nb, kvh, d, bs]
@@ -101,23 +126,27 @@ def vllm_pick(work: Workload) -> str:
 
 CONTENDERS = {
     "ours-v2": Contender("ours-v2", True, _prepare_v2(torch.ops.paged_attn.v2),
-                         "torch.ops.paged_attn.v2"),
+                         "torch.ops.paged_attn.v2", layouts=("vllm",)),
     "ours-v1": Contender("ours-v1", True, _prepare_v1(torch.ops.paged_attn.v1),
-                         "torch.ops.paged_attn.v1"),
-    "oracle": Contender("oracle", False, _prepare_v2(reference.paged_attention_v2),
-                        "paged_attention_ext.reference.paged_attention_v2 (pure PyTorch)"),
+                         "torch.ops.paged_attn.v1", layouts=("vllm",)),
+    "ours-decode": Contender("ours-decode", True, _prepare_decode(torch.ops.paged_attn.decode),
+                             "torch.ops.paged_attn.decode", layouts=("nhd", "hnd")),
+    "oracle": Contender("oracle", False, _prepare_by_layout(reference),
+                        "paged_attention_ext.reference (pure PyTorch): paged_attention_v2, or "
+                        "decode on NHD / HND"),
     "fallback": Contender("fallback", False, _prepare_fallback,
-                          "paged_attention_ext.fallback.paged_attention_v2 (what torch.ops runs "
-                          "on a device with no compiled kernel)"),
+                          "paged_attention_ext.fallback (what torch.ops runs on a device with "
+                          "no compiled kernel): paged_attention_v2, or decode on NHD / HND"),
     "gather-sdpa": Contender("gather-sdpa", False, _prepare_gather_sdpa,
                              "gather K/V through block tables + F.scaled_dot_product_attention"),
     "sdpa-dense": Contender("sdpa-dense", False, _prepare_dense_sdpa,
                             "F.scaled_dot_product_attention on contiguous K/V (no paging; "
                             "a lower bound for dense attention)"),
 }
-DEFAULT_CPU = ("ours-v2", "ours-v1", "fallback", "oracle", "gather-sdpa")
+DEFAULT_CPU = ("ours-v2", "ours-v1", "ours-decode", "fallback", "oracle", "gather-sdpa")
 DEFAULT_CUDA = DEFAULT_CPU + ("sdpa-dense",)
 
 
-def default_contenders(device: str) -> tuple:
-    return DEFAULT_CUDA if device == "cuda" else DEFAULT_CPU
+def default_contenders(device: str, kv_layout: str = "vllm") -> tuple:
+    names = DEFAULT_CUDA if device == "cuda" else DEFAULT_CPU
+    return tuple(n for n in names if kv_layout in CONTENDERS[n].layouts)

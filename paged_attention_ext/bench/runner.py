@@ -30,6 +30,7 @@ class BenchConfig:
     shapes: list
     contenders: tuple
     full: bool = False
+    kv_layout: str = "vllm"  # workload.KV_LAYOUTS
     seed: int = 0
     bandwidth_bytes: int = 0  # 0: bandwidth.py's default size
     # A non-ours contender whose single checking call took longer than this is not timed
@@ -46,9 +47,16 @@ class BenchResult:
 
 def _oracle_out(work: Workload) -> tuple:
     """The oracle's out for this workload, and how long it took."""
-    parts = num_partitions(work.max_seq_len)
     s = work.shape
     out = torch.empty_like(work.query)
+    if work.kv_layout != "vllm":
+        begin = time.perf_counter()
+        reference.decode(out, work.query, work.key_cache, work.value_cache, work.block_tables,
+                         work.seq_lens, work.scale, None, work.kv_cache_dtype, work.k_scale,
+                         work.v_scale)
+        _sync(work.query.device.type)
+        return out, time.perf_counter() - begin
+    parts = num_partitions(work.max_seq_len)
     exp_sums = torch.empty(s.batch, s.heads, parts, dtype=torch.float32, device=work.query.device)
     tmp_out = torch.empty(s.batch, s.heads, parts, s.head, dtype=work.query.dtype,
                           device=work.query.device)
@@ -111,11 +119,12 @@ def run_bench(config: BenchConfig, progress=None) -> BenchResult:
 
 def _bench_shape(shape: Shape, config: BenchConfig, plan, flusher, progress) -> list:
     progress.phase(f"{shape.label}: building inputs")
-    work = make_workload(shape, config.dtype, config.kv_cache_dtype, config.device, config.seed)
+    work = make_workload(shape, config.dtype, config.kv_cache_dtype, config.device, config.seed,
+                         kv_layout=config.kv_layout)
     progress.phase(f"{shape.label}: oracle")
     expected, oracle_s = _oracle_out(work)
     nbytes = work.bytes_moved()
-    pick = vllm_pick(work)
+    pick = vllm_pick(work) if work.kv_layout == "vllm" else "decode"  # the op ours x refers to
     rows = []
     for name in config.contenders:
         contender = CONTENDERS[name]
@@ -123,8 +132,10 @@ def _bench_shape(shape: Shape, config: BenchConfig, plan, flusher, progress) -> 
                "ours": contender.ours, "bytes": nbytes, "vllm_pick": pick,
                "median_ms": None, "timing": None, "gbps": None, "pct_of_read_bw": None,
                "note": ""}
-        if config.device not in contender.devices:
-            row["note"] = f"not available on {config.device}"
+        if config.device not in contender.devices or config.kv_layout not in contender.layouts:
+            row["note"] = (f"not available on {config.device}"
+                           if config.device not in contender.devices
+                           else f"does not read the {config.kv_layout} layout")
             rows.append(row)
             progress.advance()
             continue

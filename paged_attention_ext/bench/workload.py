@@ -1,10 +1,12 @@
 """The data of one benchmark shape: a paged KV cache with a shuffled block pool, queries, and the
 byte count the GB/s figures use.
 
-Layouts (docs/CONTRACT.md):
+Layouts (docs/CONTRACT.md), chosen by kv_layout:
   query        [batch, heads, head]
-  key_cache    [num_blocks, kv_heads, head // x, block, x]
-  value_cache  [num_blocks, kv_heads, head, block]
+  "vllm"  key_cache    [num_blocks, kv_heads, head // x, block, x]   (v1 / v2)
+          value_cache  [num_blocks, kv_heads, head, block]
+  "nhd"   key_cache, value_cache  [num_blocks, block, kv_heads, head]   (decode)
+  "hnd"   the same view of caches stored [num_blocks, kv_heads, block, head]   (decode)
   block_tables int32 [batch, ceil(ctx / block)]  (a random permutation of the pool: no locality)
 """
 
@@ -18,6 +20,7 @@ import torch
 
 from .presets import Shape
 
+KV_LAYOUTS = ("vllm", "nhd", "hnd")
 FP8_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
               "fp8_e5m2": torch.float8_e5m2}
 # Scales that keep N(0,1) data well inside each fp8 format's range.
@@ -36,6 +39,7 @@ class Workload:
     kv_cache_dtype: str
     k_scale: float
     v_scale: float
+    kv_layout: str = "vllm"
 
     @property
     def max_seq_len(self) -> int:
@@ -62,24 +66,37 @@ def _random_cache(shape, dtype, kv_cache_dtype, scale, device, gen):
     return (values / scale).clamp(-fmax, fmax).to(fp8).view(torch.uint8)
 
 
+def _cache_shapes(shape: Shape, num_blocks: int, x: int, kv_layout: str):
+    """(key shape, value shape) as stored, and a function turning a stored cache into the view
+    the op takes."""
+    b, h, d, bs = num_blocks, shape.kv_heads, shape.head, shape.block
+    if kv_layout == "vllm":
+        return (b, h, d // x, bs, x), (b, h, d, bs), lambda t: t
+    if kv_layout == "nhd":
+        return (b, bs, h, d), (b, bs, h, d), lambda t: t
+    return (b, h, bs, d), (b, h, bs, d), lambda t: t.transpose(1, 2)  # hnd
+
+
 def make_workload(shape: Shape, dtype: torch.dtype, kv_cache_dtype: str, device: str,
-                  seed: int = 0, spare_blocks: Optional[int] = None) -> Workload:
+                  seed: int = 0, spare_blocks: Optional[int] = None,
+                  kv_layout: str = "vllm") -> Workload:
     if kv_cache_dtype != "auto" and kv_cache_dtype not in FP8_DTYPES:
         raise ValueError(f"unknown kv_cache_dtype {kv_cache_dtype!r}")
+    if kv_layout not in KV_LAYOUTS:
+        raise ValueError(f"unknown kv_layout {kv_layout!r}; choose from {', '.join(KV_LAYOUTS)}")
     gen = torch.Generator(device=device).manual_seed(seed)
     elt = 1 if kv_cache_dtype != "auto" else torch.empty((), dtype=dtype).element_size()
     x = 16 // elt
-    if shape.head % x:
+    if kv_layout == "vllm" and shape.head % x:
         raise ValueError(f"head size {shape.head} must be divisible by x = {x}")
     blocks_per_seq = math.ceil(shape.ctx / shape.block)
     used = shape.batch * blocks_per_seq
     num_blocks = used + (spare_blocks if spare_blocks is not None else max(1, used // 16))
     k_scale = v_scale = _FP8_SCALE.get(kv_cache_dtype, 1.0)
 
-    key_cache = _random_cache((num_blocks, shape.kv_heads, shape.head // x, shape.block, x),
-                              dtype, kv_cache_dtype, k_scale, device, gen)
-    value_cache = _random_cache((num_blocks, shape.kv_heads, shape.head, shape.block),
-                                dtype, kv_cache_dtype, v_scale, device, gen)
+    k_shape, v_shape, view = _cache_shapes(shape, num_blocks, x, kv_layout)
+    key_cache = view(_random_cache(k_shape, dtype, kv_cache_dtype, k_scale, device, gen))
+    value_cache = view(_random_cache(v_shape, dtype, kv_cache_dtype, v_scale, device, gen))
     # Each sequence gets distinct random blocks of the pool.
     perm = torch.randperm(num_blocks, generator=gen, device=device)[:used]
     block_tables = perm.reshape(shape.batch, blocks_per_seq).to(torch.int32).contiguous()
@@ -87,7 +104,7 @@ def make_workload(shape: Shape, dtype: torch.dtype, kv_cache_dtype: str, device:
     query = torch.randn(shape.batch, shape.heads, shape.head, generator=gen, device=device,
                         dtype=torch.float32).to(dtype)
     return Workload(shape, query, key_cache, value_cache, block_tables, seq_lens,
-                    1.0 / math.sqrt(shape.head), kv_cache_dtype, k_scale, v_scale)
+                    1.0 / math.sqrt(shape.head), kv_cache_dtype, k_scale, v_scale, kv_layout)
 
 
 def decode(cache: torch.Tensor, work: Workload, scale: float) -> torch.Tensor:

@@ -9,5 +9,9 @@
 - `transformers_continuous_batching`: an attention implementation for transformers' own
   continuous batching (generate_batch, transformers serve), whose FlashAttention API
   (`transformers_flash`) decodes with the paged ops on transformers' paged cache.
-Those need the optional `transformers` dependency; nothing here imports it until one is used.
+  Those need the optional `transformers` dependency; nothing here imports it until one is used.
+- `vllm_compat`: functions with vLLM's `_custom_ops` names and signatures (and the seed's
+  `paged_attention_v2_pytorch`) over `torch.ops.paged_attn.*`.
+- `vllm_plugin`: the `vllm.general_plugins` entry point that installs those functions in
+  `vllm._custom_ops` where vLLM's own are missing or stubs.
 """
