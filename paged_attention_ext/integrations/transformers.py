@@ -17,6 +17,11 @@ How it plugs in (transformers' own extension points; nothing in transformers is 
   - `generate_greedy(model, prompts, max_new_tokens)` drives it: prefill each prompt, then
     decode all sequences together, one token per step.
 
+CONTINUOUS_BATCHING, also exported here, is the other route: transformers' own continuous
+batching (`model.generate_batch`, `transformers serve`) with decode in the paged ops on
+transformers' own cache (transformers_continuous_batching.py; docs/INTEGRATIONS.md says which
+route fits what).
+
 The ops are whatever backend is active for the device (the compiled CPU / CUDA kernels, else the
 PyTorch implementation). ALiBi: `alibi_slopes` is honoured by both paths, but no ALiBi model in
 transformers (Bloom, MPT, Falcon) computes attention through the AttentionInterface, so no
@@ -38,8 +43,8 @@ from .paged_kv_cache import PagedKVCache, StepMetadata  # noqa: E402
 
 ATTN_IMPLEMENTATION = "paged_attn"
 
-__all__ = ["ATTN_IMPLEMENTATION", "GreedyOutput", "PagedKVCache", "generate_greedy",
-           "paged_attention_forward", "register"]
+__all__ = ["ATTN_IMPLEMENTATION", "CONTINUOUS_BATCHING", "GreedyOutput", "PagedKVCache",
+           "generate_greedy", "paged_attention_forward", "register"]
 
 
 # ---- the attention function ----
@@ -146,6 +151,9 @@ def register() -> None:
 
 
 register()
+
+# transformers' own continuous batching through the paged ops (its module registers it on import).
+from .transformers_continuous_batching import CONTINUOUS_BATCHING  # noqa: E402
 
 
 # ---- the decode driver ----
