@@ -17,15 +17,15 @@ from typing import Any, Optional
 
 import torch
 
-from . import cuda_arch
+from . import cuda_arch, schemas
 
-OPS = ("v1", "v2", "reshape_and_cache")
+OPS = schemas.OP_NAMES
 _LIB = "paged_attn"
 
 
 @dataclass(frozen=True)
 class Backend:
-    """One implementation `check` and `bench` can call. `ops` has v1 / v2 / reshape_and_cache
+    """One implementation `check` and `bench` can call. `ops` has every op of schemas.OP_NAMES
     with torch.ops.paged_attn's argument lists (float k_scale / v_scale overload)."""
 
     name: str    # "cpu-kernel", "cuda-kernel", "python-fallback"

@@ -50,6 +50,10 @@ SCHEMAS = (
 )
 
 
+# The ops' names, each once, in registration order: what detection, `info` and `check` cover.
+OP_NAMES = tuple(dict.fromkeys(name.partition(".")[0] for name, _ in SCHEMAS))
+
+
 def full_schemas():
     """'name.overload(args) -> ()' strings as TORCH_LIBRARY m.def takes them."""
     return [name + sig for name, sig in SCHEMAS]

@@ -1,5 +1,6 @@
-"""`check`: run every active backend's v1 / v2 / reshape_and_cache on a few fresh random shapes
-against the oracle (paged_attention_ext.reference) and report max errors and pass/fail.
+"""`check`: run every active backend's ops (v1, v2, reshape_and_cache on vLLM's layout; decode and
+reshape_and_cache_flash on an NHD-ordered cache, NHD / HND / combined by turns) on a few fresh
+random shapes against the oracle (paged_attention_ext.reference); report max errors, pass/fail.
 
 Inputs come from paged_attention_ext.testing: N(0,1) q/k/v (sharp softmax), shuffled block
 tables with garbage past each row, NaN in every unused cache slot, outputs pre-filled with NaN.
@@ -108,9 +109,28 @@ def _check_v2(backend: Backend, case: CaseSpec, seed: int) -> CaseResult:
     return CaseResult(backend.name, "v2", case.label, _max_err(actual.out, expected.out), ok, msg)
 
 
-def _check_cache(backend: Backend, case: CaseSpec, seed: int) -> CaseResult:
-    """reshape_and_cache of a few new tokens (one padding slot -1) into a poisoned cache."""
-    inputs = _inputs(case, backend.device, seed)
+def _decode_inputs(case: CaseSpec, device: str, seed: int):
+    layout = ("nhd", "hnd", "combined")[seed % 3]
+    return testing.make_decode_inputs(
+        case.num_seqs, case.num_heads, case.num_kv_heads, case.head_size, case.block_size,
+        case.seq_lens, layout=layout, dtype=case.dtype, kv_cache_dtype=case.kv_cache_dtype,
+        use_alibi=case.use_alibi, device=device, seed=seed)
+
+
+def _check_decode(backend: Backend, case: CaseSpec, seed: int) -> CaseResult:
+    inputs = _decode_inputs(case, backend.device, seed)
+    actual = testing.call_decode(backend.ops.decode, inputs, testing.alloc_v1_outputs(inputs))
+    expected = testing.call_decode(reference.decode, inputs, testing.alloc_v1_outputs(inputs))
+    ok, msg = _compare(testing.assert_out_matches, actual, expected, case.dtype,
+                       case.kv_cache_dtype)
+    return CaseResult(backend.name, "decode", f"{case.label} {inputs.layout}",
+                      _max_err(actual, expected), ok, msg)
+
+
+def _check_cache(backend: Backend, case: CaseSpec, seed: int, flash: bool = False) -> CaseResult:
+    """reshape_and_cache (flash: reshape_and_cache_flash into an NHD-ordered view) of a few new
+    tokens (one padding slot -1) into a poisoned cache."""
+    inputs = (_decode_inputs if flash else _inputs)(case, backend.device, seed)
     gen = torch.Generator().manual_seed(seed + 1)
     num_slots = inputs.num_blocks * inputs.block_size
     num_tokens = min(7, num_slots)
@@ -121,8 +141,8 @@ def _check_cache(backend: Backend, case: CaseSpec, seed: int) -> CaseResult:
     value = torch.randn(shape, generator=gen).to(case.dtype).to(backend.device)
     slots = slots.to(backend.device)
     caches = {}
-    for name, fn in (("actual", backend.ops.reshape_and_cache),
-                     ("expected", reference.reshape_and_cache)):
+    op = "reshape_and_cache_flash" if flash else "reshape_and_cache"
+    for name, fn in (("actual", getattr(backend.ops, op)), ("expected", getattr(reference, op))):
         k_cache, v_cache = inputs.key_cache.clone(), inputs.value_cache.clone()
         fn(key, value, k_cache, v_cache, slots, inputs.kv_cache_dtype, inputs.k_scale,
            inputs.v_scale)
@@ -133,7 +153,8 @@ def _check_cache(backend: Backend, case: CaseSpec, seed: int) -> CaseResult:
     err = max(_max_err(decoded(a, inputs), decoded(e, inputs))
               for a, e in zip(caches["actual"], caches["expected"]))
     msg = "" if same else "cache bytes differ from the oracle's"
-    return CaseResult(backend.name, "reshape_and_cache", case.label, err, same, msg)
+    label = f"{case.label} {inputs.layout}" if flash else case.label
+    return CaseResult(backend.name, op, label, err, same, msg)
 
 
 def decoded(cache: torch.Tensor, inputs) -> torch.Tensor:
@@ -143,7 +164,9 @@ def decoded(cache: torch.Tensor, inputs) -> torch.Tensor:
     return cache.double().nan_to_num(0.0)
 
 
-CHECKS = (("v1", _check_v1), ("v2", _check_v2), ("reshape_and_cache", _check_cache))
+CHECKS = (("v1", _check_v1), ("v2", _check_v2), ("reshape_and_cache", _check_cache),
+          ("decode", _check_decode),
+          ("reshape_and_cache_flash", lambda b, c, s: _check_cache(b, c, s, flash=True)))
 
 
 def run_checks(num_cases: int = 3, seed: Optional[int] = None,

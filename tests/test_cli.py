@@ -7,6 +7,7 @@ set OMP_WAIT_POLICY), the rest in-process on the `tiny` preset.
 import json
 import math
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 import paged_attention_ext  # noqa: F401  (registers torch.ops.paged_attn)
-from paged_attention_ext import backends, cli, reference, selfcheck
+from paged_attention_ext import backends, cli, reference, schemas, selfcheck
 from paged_attention_ext.backends import Backend
 from paged_attention_ext.bench import contenders, presets, runner, timing
 from paged_attention_ext.bench.workload import make_workload
@@ -118,20 +119,37 @@ class _WrongOps:
     def reshape_and_cache(*args):
         pass
 
+    @staticmethod
+    def decode(out, query, key_cache, value_cache, block_tables, seq_lens, *rest):
+        # reads one KV head too few: wrong for every GQA group but the first
+        reference.decode(out, query, key_cache, value_cache.roll(1, dims=2), block_tables,
+                         seq_lens, *rest)
+
+    @staticmethod
+    def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, *rest):
+        reference.reshape_and_cache_flash(value, key, key_cache, value_cache, slot_mapping, *rest)
+
 
 def test_check_fails_on_a_wrong_backend(monkeypatch, capsys):
     wrong = Backend("wrong", "cpu", _WrongOps, "test double")
     monkeypatch.setattr(selfcheck, "active_backends", lambda: [wrong])
     assert cli.main(["check", "--cases", "1", "--seed", "7"]) == 1
     out = capsys.readouterr().out
-    assert out.count("FAIL") >= 3 and "FAILED" in out
+    assert "FAILED" in out
+    for op in schemas.OP_NAMES:  # every op's wrong implementation is caught
+        assert any(re.search(rf"\b{op}\b", line) and "FAIL:" in line
+                   for line in out.splitlines()), (op, out)
+
+
+def test_check_covers_every_op():
+    assert [op for op, _ in selfcheck.CHECKS] == list(schemas.OP_NAMES)
 
 
 def test_check_fails_when_an_op_raises(monkeypatch, capsys):
     class Raising:
         def v1(*a):
             raise RuntimeError("boom")
-        v2 = reshape_and_cache = v1
+        v2 = reshape_and_cache = decode = reshape_and_cache_flash = v1
 
     monkeypatch.setattr(selfcheck, "active_backends",
                         lambda: [Backend("raising", "cpu", Raising, "")])
