@@ -252,16 +252,18 @@ PagedAttentionParams attention_params(const char* op, const at::Tensor& out,
 }
 
 // Token-major caches [num_blocks, block_size, num_kv_heads, head_size] (decode and
-// reshape_and_cache_flash): one shape for K and V, any strides with stride(-1) == 1.
+// reshape_and_cache_flash, validation.py _check_flash_caches): one shape for K and V, any
+// strides with stride(-1) == 1 (K and V may differ), block_size > 0.
 void check_token_major_caches(const char* op, const at::Tensor& key_cache,
                               const at::Tensor& value_cache, CacheKind kind,
                               at::ScalarType elem_dtype, const char* elem_name) {
-  PA_CHECK(key_cache.dim() == 4, "key_cache must be 4-D [num_blocks, block_size, num_kv_heads, ",
-           "head_size], got shape ", shape_str(key_cache));
-  PA_CHECK(value_cache.sizes() == key_cache.sizes(), "value_cache shape ", shape_str(value_cache),
-           " must equal key_cache shape ", shape_str(key_cache));
-  for (auto [t, name] : {std::pair<const at::Tensor*, const char*>{&key_cache, "key_cache"},
-                         {&value_cache, "value_cache"}}) {
+  constexpr const char* kNhd = "[num_blocks, block_size, num_kv_heads, head_size]";
+  const std::pair<const at::Tensor*, const char*> caches[] = {{&key_cache, "key_cache"},
+                                                              {&value_cache, "value_cache"}};
+  for (auto [t, name] : caches)
+    PA_CHECK(t->dim() == 4, name, " must be 4-D ", kNhd,
+             " (an HND cache is passed as cache.transpose(1, 2)), got shape ", shape_str(*t));
+  for (auto [t, name] : caches) {
     if (kind == CacheKind::kAuto) {
       PA_CHECK(t->scalar_type() == elem_dtype, name, " dtype ", t->scalar_type(), " must match ",
                elem_name, " dtype ", elem_dtype, " for kv_cache_dtype=auto");
@@ -269,11 +271,16 @@ void check_token_major_caches(const char* op, const at::Tensor& key_cache,
       PA_CHECK(t->scalar_type() == at::kByte, name, " dtype ", t->scalar_type(),
                " must be uint8 for kv_cache_dtype=", kv_cache_dtype_name(kind));
     }
+  }
+  PA_CHECK(value_cache.sizes() == key_cache.sizes(), "value_cache shape ", shape_str(value_cache),
+           " does not match key_cache shape ", shape_str(key_cache),
+           " (the K and V caches must have one shape ", kNhd, ")");
+  for (auto [t, name] : caches)
     PA_CHECK(t->stride(3) == 1, name, " must have a contiguous last dim (head_size) (got stride ",
              t->strides(), ")");
-  }
-  PA_CHECK(key_cache.size(1) > 0, "block_size (key_cache.size(1)) must be > 0");
   check_same_device(op, key_cache, "key_cache", value_cache, "value_cache");
+  PA_CHECK(key_cache.size(1) > 0, "block_size (key_cache.size(1) = ", key_cache.size(1),
+           ") must be > 0");
 }
 
 KvLayout token_major_of(const at::Tensor& cache) {
@@ -372,7 +379,7 @@ PagedAttentionParams make_decode_params(const char* op, const at::Tensor& out,
   check_token_major_caches(op, key_cache, value_cache, cache_kind, query.scalar_type(), "query");
   const int64_t block_size = key_cache.size(1), num_kv_heads = key_cache.size(2);
   PA_CHECK(num_kv_heads > 0 && num_heads % num_kv_heads == 0, "num_heads (", num_heads,
-           ") must be divisible by num_kv_heads (key_cache.size(2) = ", num_kv_heads, ")");
+           ") must be divisible by num_kv_heads (", num_kv_heads, ", key_cache.size(2))");
   PA_CHECK(key_cache.size(3) == head_size, "head_size (", head_size,
            ") does not match key_cache.size(3) (", key_cache.size(3), ")");
   check_rows_and_out(op, out, query, block_tables, seq_lens);
@@ -503,16 +510,19 @@ ReshapeAndCacheParams make_flash_cache_params(const char* op, const at::Tensor& 
     check_same_device(op, key, "key", *t, name);
   }
   check_token_major_caches(op, key_cache, value_cache, cache_kind, key.scalar_type(), "key");
-  PA_CHECK(key.size(1) == key_cache.size(2) && key.size(2) == key_cache.size(3), "key shape ",
-           shape_str(key), " does not match key_cache (num_kv_heads = ", key_cache.size(2),
-           ", head_size = ", key_cache.size(3), ")");
+  PA_CHECK(key.size(1) == key_cache.size(2), "key shape ", shape_str(key),
+           " does not match key_cache (num_kv_heads = key_cache.size(2) = ", key_cache.size(2),
+           ")");
+  PA_CHECK(key.size(2) == key_cache.size(3), "head_size (", key.size(2),
+           ") does not match key_cache.size(3) (", key_cache.size(3), ")");
   PA_CHECK(slot_mapping.scalar_type() == at::kLong, "slot_mapping must be int64, got ",
            slot_mapping.scalar_type());
   // vLLM's rule: slot_mapping says how many tokens to store; key may hold more rows (padding).
   PA_CHECK(slot_mapping.dim() == 1 && slot_mapping.size(0) <= key.size(0) &&
                slot_mapping.is_contiguous(),
-           "slot_mapping shape ", shape_str(slot_mapping), " must be [num_tokens <= key.size(0) = ",
-           key.size(0), "] and contiguous");
+           "slot_mapping shape ", shape_str(slot_mapping),
+           " must be [num_tokens] with num_tokens <= key.size(0) = ", key.size(0),
+           ", and contiguous");
 
   ReshapeAndCacheParams p{};
   p.key = key.data_ptr();
