@@ -3,6 +3,7 @@
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python scripts/bench_cpu.py [--shapes llama4k,...] [--reps N]
     .venv/bin/python scripts/bench_cpu.py --variants avx2-fma,avx512,avx512-bf16
     .venv/bin/python scripts/bench_cpu.py --variants avx512-bf16 --layouts vllm,nhd,hnd
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python scripts/bench_cpu.py --cold-layouts vllm,nhd,hnd
 
 --variants: the kernel's compute per variant instead: one thread, K/V resident in L3 (<= 16 MiB,
 CACHE_SHAPES), variants interleaved in one process, median CPU time (process_time, less
@@ -173,6 +174,9 @@ def main():
                     "layouts timed on the same values: v2 / vllm (v1 / v2 on vLLM's layout), nhd, "
                     "hnd (decode on a token-major copy)")
     ap.add_argument("--cache-shapes", help="with --variants: CACHE_SHAPES rows to run (default all)")
+    ap.add_argument("--cold-layouts", help="default benchmark, but each shape timed (K/V cold) "
+                    "in these cache layouts on the same values (as --layouts), with the time over "
+                    "the first layout's")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--reps", type=int, default=15)
@@ -196,6 +200,19 @@ def main():
                                                 poison=False, extra_blocks=0)
             esize = inp.key_cache.element_size()
             nbytes = 2 * sum(lens) * nkv * d * esize + 2 * ns * nh * d * inp.query.element_size()
+            if args.cold_layouts:  # the same values per layout, timed cold, interleaved
+                fns = {lay: layout_call(inp, lay) for lay in args.cold_layouts.split(",")}
+                times = {lay: [] for lay in fns}
+                for _ in range(args.reps):
+                    for lay, fn in fns.items():
+                        times[lay].append(timed(fn, 1))
+                med = {lay: statistics.median(t) for lay, t in times.items()}
+                first = next(iter(med))
+                print(f"{name:10} {dt:9} " + " ".join(
+                    f"{lay} {ms:7.2f} ms ({ms / med[first]:.3f})" for lay, ms in med.items()),
+                    flush=True)
+                del inp, fns
+                continue
             if args.op == "v2":
                 outs = testing.alloc_v2_outputs(inp)
                 fn = lambda: testing.call_v2(torch.ops.paged_attn.v2, inp, outs)  # noqa: E731

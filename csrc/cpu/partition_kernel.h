@@ -345,15 +345,27 @@ void pv_tile(const typename Cache::storage* V, const Span* spans, int nspans, co
   }
 }
 
+// pf.step() calls of a token-major PV pass: one per kPvTokensPerStep tokens of each block.
+constexpr int kPvTokensPerStep = 1;
+inline int token_pv_steps(const Span* spans, int nspans) {
+  int steps = 0;
+  for (int i = 0; i < nspans; ++i)
+    steps += (spans[i].hi - spans[i].lo + kPvTokensPerStep - 1) / kPvTokensPerStep;
+  return steps;
+}
+
 // The token-major form of PV: a vector is 16 dims of one token's V, so the accumulators
 // acc[g][dt] hold 16 output dims each and take p[g][t] broadcast per token (no horizontal sum).
 // DT vectors (16 * DT dims) per pass; the last vectors hold head_size % 16 dims or none (masked).
-// Only the slots [lo, hi) of each block are read. pf steps once per (dim tile, block).
+// Only the slots [lo, hi) of each block are read. pf steps once per kPvTokensPerStep tokens of a
+// block (a pass has few steps per block, and a burst of prefetches stalls the loop).
 template <typename Cache, int GT, int DT>
 void pv_tile_tokens(const typename Cache::storage* V, const Span* spans, int nspans,
                     const float* probs, const TaskShape& s, const float* norm, float* out,
                     int64_t out_stride, PrefetchStream& pf) {
   const int nvec = (s.D + 15) / 16;
+  constexpr int kPassBytes = 16 * DT * static_cast<int>(sizeof(typename Cache::storage));
+  constexpr int kPvL1Ahead = 4;
   for (int v0 = 0; v0 < nvec; v0 += DT) {
     Mask m[DT];
 #pragma GCC unroll 8
@@ -363,12 +375,16 @@ void pv_tile_tokens(const typename Cache::storage* V, const Span* spans, int nsp
     for (int g = 0; g < GT; ++g)
 #pragma GCC unroll 8
       for (int dt = 0; dt < DT; ++dt) acc[g][dt] = Isa::zero();
-    pf.step(nspans);
     for (int i = 0; i < nspans; ++i) {
       const Span& sp = spans[i];
       const auto* vt = V + sp.v_offset + sp.lo * s.v_token_stride + 16 * v0;
       const float* pt = probs + sp.buf + sp.lo;
       for (int t = sp.lo; t < sp.hi; ++t, vt += s.v_token_stride, ++pt) {
+        if ((t - sp.lo) % kPvTokensPerStep == 0) pf.step();
+        // this pass's dims of a token kPvL1Ahead ahead, into L1 (V is in L2 since QK)
+        const char* ahead = reinterpret_cast<const char*>(vt + kPvL1Ahead * s.v_token_stride);
+#pragma GCC unroll 8
+        for (int l = 0; l < kPassBytes; l += 64) __builtin_prefetch(ahead + l, 0, 3);
         Vec pg[Isa::kProbsInRegisters ? GT : 1];  // else broadcast per use (few registers)
         if constexpr (Isa::kProbsInRegisters) {
 #pragma GCC unroll 8
@@ -614,9 +630,11 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
     pf.blocks = next_k;
     pf.mem = s.k_mem;
     const int first_tile = tile_heads(G, 0, Isa::kPvHeads);
-    const int dims_per_step = Isa::pv_dims(first_tile, s.D % 8 == 0) *
-                              (F == KvForm::kTokenMajor ? 16 : 1);  // vectors of 16 dims
-    const int steps = std::max(1, s.D / dims_per_step) * nspans;
+    const int dims = Isa::pv_dims(first_tile, s.D % 8 == 0);  // per pass (token-major: vectors)
+    const int steps = F == KvForm::kTokenMajor
+                          ? std::max(1, (s.D + 16 * dims - 1) / (16 * dims)) *
+                                token_pv_steps(spans, nspans)
+                          : s.D / dims * nspans;
     const int64_t lines = pf.nblocks * s.k_mem.lines();
     pf.lines_per_step = static_cast<int>((lines + steps - 1) / steps);
   }
