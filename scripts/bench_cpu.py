@@ -189,8 +189,9 @@ def main():
     bw = measure_bandwidth()
     print(f"threads={torch.get_num_threads()} OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']} "
           f"read bandwidth {bw:.1f} GB/s")
-    print(f"{'shape':10} {'dtype':9} {'ms':>8} {'GB/s':>6} {'%bw':>5} {'x lin':>5} {'sdpa ms':>8} "
-          f"{'x sdpa':>6} {'oracle ms':>9} {'x oracle':>8}")
+    if not args.cold_layouts:
+        print(f"{'shape':10} {'dtype':9} {'ms':>8} {'GB/s':>6} {'%bw':>5} {'x lin':>5} "
+              f"{'sdpa ms':>8} {'x sdpa':>6} {'oracle ms':>9} {'x oracle':>8}")
     for name in args.shapes.split(","):
         ns, nh, nkv, d, bs, ctx = SHAPES[name]
         for dt in args.dtypes.split(","):

@@ -22,15 +22,21 @@
 // Algorithm per work item (G query heads share the KV head; head tiles share every K / V load):
 //   spans   the partition's blocks from the block table: 64-bit element offset of the block's
 //           [kv_head] slice and the slot range [lo, hi) of the partition's tokens in it.
+//   Layouts (core/kv_layout.h): run_partition<Cache, F> is compiled for both KvForms; spans hold
+//           each block's K and V slice offsets (K and V strides may differ).
 //   QK      one pass over the blocks, every head tile per block (the block's K stays in L1).
-//           K viewed as rows [head_size / x][block_size * x]; a 16-lane vector holds 16 / x
-//           tokens x x dims ("x form"). acc[g][j] += K_vec[j] * (q's x dims of row c,
-//           broadcast, pre-scaled); then fold16 / fold8 / sum_x4 turn the accumulators into
-//           vectors of 16 token logits.
+//           K viewed as rows of X dims x block_size tokens; a 16-lane vector holds 16 / X
+//           tokens x X dims ("x form": vLLM's K is stored so, X = x; a token-major K row is
+//           X = 16, one vector = 16 dims of one token, k_at). acc[g][j] += K_vec[j] * (q's X
+//           dims of row c, broadcast, pre-scaled); then fold16 / fold8 / sum_x4 turn the
+//           accumulators into vectors of 16 token logits. Token-major: a last row of
+//           head_size % 16 dims is masked (qs is zero padded).
 //   softmax m = max, p = exp(l - m), s = sum p, per head (ALiBi added first).
 //   PV      per head tile and tile of DT head dims, registers acc[g][dt] (16 token lanes each)
 //           accumulate p[g][tokens] * V[d][tokens] over all blocks of the partition; one
 //           horizontal reduction per (g, d) at the end. V rows are [block_size] contiguous per d.
+//           Token-major V (pv_tile_tokens): dims in lanes, acc[g][dt] (16 dims each) +=
+//           p[g][t] (broadcast) * V[t][16 dims], no horizontal reduction.
 // Slots outside [lo, hi) are masked to zero in BOTH p and V loads (0 * NaN would be NaN).
 // Blocksparse (core/blocksparse.h): blocks no head of the KV head attends leave the spans (never
 // read, logits -inf); a head's skipped blocks among the rest get -inf logits after QK.
