@@ -249,24 +249,22 @@ def _gather_tokens_nhd(ws, cache, block_ids, kind, valid=None):
     g = _gather_blocks(ws, src, block_ids)  # the elements of src[block_ids], contiguous
     if kind != "auto":
         g = g.view(validation.FP8_DTYPES[kind])
-    g = g.view((parts * seqs * nb,) + tuple(src.shape[1:]))
-    if valid is not None:  # [C', S', 1, nb * bs] -> per gathered block [n, bs] in src's order
+    g = g.view((parts * seqs * nb,) + tuple(src.shape[1:]))  # [n, bs, kvh, d] or [n, kvh, bs, d]
+    if valid is not None:  # [C', S', 1, nb * bs] -> [n, bs], broadcast over g's dims
         valid = valid.reshape(parts * seqs * nb, block_size)
         valid = valid[:, None, :, None] if head_major else valid[:, :, None, None]
+        if ws.reuse:  # zero in place: the bits AND an all-ones / all-zeros mask
+            g.view(_SAME_WIDTH_INT[g.element_size()]).bitwise_and_(
+                _bit_mask(valid, g.element_size()))
+        else:  # compiling: inductor fuses mask, permutation and conversion
+            g = torch.where(valid, g.float(), 0.0)
     g = g.view((parts, seqs, nb) + tuple(src.shape[1:]))
     order = (0, 1, 3, 2, 4, 5) if head_major else (0, 1, 4, 2, 3, 5)  # -> [C',S',kvh,nb,bs,d]
     shape = (parts, seqs, kvh, nb * block_size, head_size)
-    if not ws.reuse:  # compiling: inductor fuses mask, permutation and conversion
-        t = g.float()
-        if valid is not None:
-            t = torch.where(valid.view((parts, seqs, nb) + tuple(valid.shape[1:])), t, 0.0)
-        return t.permute(order).reshape(shape)
-    if valid is not None:  # zero the masked slots in place (bits AND mask: see _gather_values)
-        flat = g.view((parts * seqs * nb,) + tuple(src.shape[1:]))
-        flat.view(_SAME_WIDTH_INT[g.element_size()]).bitwise_and_(
-            _bit_mask(valid, g.element_size()))
+    if not ws.reuse:
+        return g.float().permute(order).reshape(shape)
     t = ws.empty("tokens", (parts, seqs, kvh, nb, block_size, head_size), torch.float32)
-    t.copy_(g.permute(order))
+    t.copy_(g.permute(order))  # layout and conversion in one copy
     return t.view(shape)
 
 

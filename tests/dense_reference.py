@@ -61,9 +61,11 @@ def _to_f64(cache, kv_cache_dtype, scale):
 
 def dense_attention(query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens,
                     block_size, alibi_slopes=None, kv_cache_dtype="auto", k_scale=1.0,
-                    v_scale=1.0, num_partitions=None, mask=None):
+                    v_scale=1.0, num_partitions=None, mask=None, cache_layout="v1"):
     """float64 paged attention, on the CPU. Returns DenseResult (P = num_partitions, default the
-    longest row's partition count, at least 1). mask: see the module docstring."""
+    longest row's partition count, at least 1). mask: see the module docstring. cache_layout:
+    "v1" (key_cache [nb, kvh, d/x, bs, x], value_cache [nb, kvh, d, bs]) or "nhd" (both
+    [nb, bs, kvh, d], any strides)."""
     query, key_cache, value_cache = query.cpu(), key_cache.cpu(), value_cache.cpu()
     block_tables, lens = block_tables.cpu(), [int(n) for n in seq_lens.cpu()]
     num_seqs, num_heads, head_size = query.shape
@@ -81,9 +83,12 @@ def dense_attention(query, key_cache, value_cache, num_kv_heads, scale, block_ta
         t = torch.arange(n)
         blocks = block_tables[s, t // block_size].long()  # [n]
         slots = t % block_size
-        # key_cache[b, h, i, slot, j] holds element i * x + j of the key of token (b, slot).
-        k = key_cache[blocks, :, :, slots, :].reshape(n, num_kv_heads, head_size)  # [n, kvh, d]
-        v = value_cache[blocks, :, :, slots]  # [n, kvh, d]
+        if cache_layout == "nhd":  # cache[b, slot] is token (b, slot): [kvh, d]
+            k, v = key_cache[blocks, slots], value_cache[blocks, slots]  # [n, kvh, d]
+        else:
+            # key_cache[b, h, i, slot, j] holds element i * x + j of the key of token (b, slot).
+            k = key_cache[blocks, :, :, slots, :].reshape(n, num_kv_heads, head_size)
+            v = value_cache[blocks, :, :, slots]  # [n, kvh, d]
         k = _to_f64(k, kv_cache_dtype, k_scale)
         v = _to_f64(v, kv_cache_dtype, v_scale)
         for h in range(num_heads):
@@ -116,3 +121,11 @@ def dense_for(inputs, num_partitions=None, mask=None):
     return dense_attention(i.query, i.key_cache, i.value_cache, i.num_kv_heads, i.scale,
                            i.block_tables, i.seq_lens, i.block_size, i.alibi_slopes,
                            i.kv_cache_dtype, i.k_scale, i.v_scale, num_partitions, mask)
+
+
+def dense_for_decode(inputs):
+    """dense_attention on a paged_attention_ext.testing.DecodeInputs (its NHD cache views)."""
+    i = inputs
+    return dense_attention(i.query, i.key_cache, i.value_cache, i.num_kv_heads, i.scale,
+                           i.block_tables, i.seq_lens, i.block_size, i.alibi_slopes,
+                           i.kv_cache_dtype, i.k_scale, i.v_scale, cache_layout="nhd")
