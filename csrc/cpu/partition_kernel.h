@@ -146,12 +146,14 @@ inline void qk_rows(const typename Cache::storage* kblk, const float* qs, const 
   for (int jt = 0; jt < JT; ++jt)
     m[jt] = kFull ? Isa::lanes(0, 16) : Isa::lanes(0, s.R - j - 16 * jt);
   const int full_rows = s.D / X;
-  for (int c = 0; c < full_rows; ++c) qk_row<Cache, F, GT, JT>(kblk, qs, s, j, c, m, acc, pf_a, pf_b);
+  for (int c = 0; c < full_rows; ++c)
+    qk_row<Cache, F, GT, JT>(kblk, qs, s, j, c, m, acc, pf_a, pf_b);
   if constexpr (F == KvForm::kTokenMajor) {
     if (full_rows < s.C) {
       Mask tail[JT];
 #pragma GCC unroll 8
-      for (int jt = 0; jt < JT; ++jt) tail[jt] = Isa::lanes(0, std::min(s.R - j - 16 * jt, s.D % 16));
+      for (int jt = 0; jt < JT; ++jt)
+        tail[jt] = Isa::lanes(0, std::min(s.R - j - 16 * jt, s.D % 16));
       qk_row<Cache, F, GT, JT>(kblk, qs, s, j, full_rows, tail, acc, pf_a, pf_b);
     }
   }
@@ -351,20 +353,19 @@ void pv_tile(const typename Cache::storage* V, const Span* spans, int nspans, co
   }
 }
 
-// pf.step() calls of a token-major PV pass: one per kPvTokensPerStep tokens of each block.
-constexpr int kPvTokensPerStep = 1;
+// pf.step() calls of a token-major PV pass: one per token.
 inline int token_pv_steps(const Span* spans, int nspans) {
   int steps = 0;
-  for (int i = 0; i < nspans; ++i)
-    steps += (spans[i].hi - spans[i].lo + kPvTokensPerStep - 1) / kPvTokensPerStep;
+  for (int i = 0; i < nspans; ++i) steps += spans[i].hi - spans[i].lo;
   return steps;
 }
 
 // The token-major form of PV: a vector is 16 dims of one token's V, so the accumulators
 // acc[g][dt] hold 16 output dims each and take p[g][t] broadcast per token (no horizontal sum).
 // DT vectors (16 * DT dims) per pass; the last vectors hold head_size % 16 dims or none (masked).
-// Only the slots [lo, hi) of each block are read. pf steps once per kPvTokensPerStep tokens of a
-// block (a pass has few steps per block, and a burst of prefetches stalls the loop).
+// Only the slots [lo, hi) of each block are read. pf steps once per token (a pass has few
+// blocks' worth of steps, and a burst of prefetches stalls the loop); the pass's dims of the
+// token kPvL1Ahead ahead in the block are prefetched into L1 (V is in L2 since QK).
 template <typename Cache, int GT, int DT>
 void pv_tile_tokens(const typename Cache::storage* V, const Span* spans, int nspans,
                     const float* probs, const TaskShape& s, const float* norm, float* out,
@@ -386,11 +387,12 @@ void pv_tile_tokens(const typename Cache::storage* V, const Span* spans, int nsp
       const auto* vt = V + sp.v_offset + sp.lo * s.v_token_stride + 16 * v0;
       const float* pt = probs + sp.buf + sp.lo;
       for (int t = sp.lo; t < sp.hi; ++t, vt += s.v_token_stride, ++pt) {
-        if ((t - sp.lo) % kPvTokensPerStep == 0) pf.step();
-        // this pass's dims of a token kPvL1Ahead ahead, into L1 (V is in L2 since QK)
-        const char* ahead = reinterpret_cast<const char*>(vt + kPvL1Ahead * s.v_token_stride);
+        pf.step();
+        if (t + kPvL1Ahead < sp.hi) {
+          const auto* ahead = reinterpret_cast<const char*>(vt + kPvL1Ahead * s.v_token_stride);
 #pragma GCC unroll 8
-        for (int l = 0; l < kPassBytes; l += 64) __builtin_prefetch(ahead + l, 0, 3);
+          for (int l = 0; l < kPassBytes; l += 64) __builtin_prefetch(ahead + l, 0, 3);
+        }
         Vec pg[Isa::kProbsInRegisters ? GT : 1];  // else broadcast per use (few registers)
         if constexpr (Isa::kProbsInRegisters) {
 #pragma GCC unroll 8
@@ -565,8 +567,8 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
   if (blocksparse_active(p.blocksparse))  // only the blocks some head attends stay in spans
     nspans = drop_unattended_blocks(p, task, s, h0, G, spans, nspans, logits);
 
-  // qs[g][d] = qk_scale * q[h0 + g][d], d < Dq (0 past D); for BF16Dot, the bf16 bits of q[h0 + g][d] (exact: the
-  // query is bf16, its fp32 copy's top half) and QK scales the sums.
+  // qs[g][d] = qk_scale * q[h0 + g][d] for d < Dq (0 past D); for BF16Dot, the bf16 bits of
+  // q[h0 + g][d] (exact: the query is bf16, its fp32 copy's top half) and QK scales the sums.
   const float* q = in.query + (static_cast<int64_t>(task.seq) * p.num_heads + h0) * s.D;
   if constexpr (kBf16Dot) {
     auto* qb = reinterpret_cast<uint16_t*>(qs);
