@@ -164,8 +164,8 @@ void attention(const char* op, const at::Tensor& out, const at::Tensor* exp_sums
                int64_t max_seq_len, const std::optional<at::Tensor>& alibi_slopes,
                const std::string& kv_cache_dtype, ScaleArg k_scale, ScaleArg v_scale,
                BlocksparseArgs blocksparse) {
-  const c10::cuda::CUDAGuard device_guard(query.device());
-  require_kernels_for(query.device().index());
+  // NOTE: validate before the device guard: the guard itself raises a RuntimeError on some bad
+  // inputs (mixed devices), where the contract wants make_attention_params' ValueError.
   const PagedAttentionParams p = make_attention_params(
       op, out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, num_kv_heads, scale,
       block_tables, seq_lens, block_size, max_seq_len, alibi_slopes, kv_cache_dtype, k_scale,
@@ -175,6 +175,8 @@ void attention(const char* op, const at::Tensor& out, const at::Tensor* exp_sums
                     ") is not implemented by the CUDA kernels yet; the C++ CPU kernel and the "
                     "PyTorch implementation compute it (paged_attention_ext.fallback)");
   check_cuda_attention(op, p, key_cache, value_cache);
+  const c10::cuda::CUDAGuard device_guard(query.device());
+  require_kernels_for(query.device().index());
   if (p.num_seqs == 0 || p.num_heads == 0) return;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const bool is_v2 = tmp_out != nullptr;
@@ -189,11 +191,11 @@ void attention(const char* op, const at::Tensor& out, const at::Tensor* exp_sums
 void cache(const at::Tensor& key, const at::Tensor& value, const at::Tensor& key_cache,
            const at::Tensor& value_cache, const at::Tensor& slot_mapping,
            const std::string& kv_cache_dtype, ScaleArg k_scale, ScaleArg v_scale) {
-  const c10::cuda::CUDAGuard device_guard(key.device());
-  require_kernels_for(key.device().index());
-  const ReshapeAndCacheParams p =
+  const ReshapeAndCacheParams p =  // validated before the guard, as in attention()
       make_cache_params("reshape_and_cache", key, value, key_cache, value_cache, slot_mapping,
                         kv_cache_dtype, k_scale, v_scale);
+  const c10::cuda::CUDAGuard device_guard(key.device());
+  require_kernels_for(key.device().index());
   if (p.num_tokens == 0 || p.num_kv_heads == 0 || p.head_size == 0) return;
   TORCH_CHECK_VALUE(p.num_tokens <= 0x7fffffff, "paged_attn.reshape_and_cache: num_tokens (",
                     p.num_tokens, ") exceeds the CUDA grid limit");
