@@ -138,6 +138,7 @@ def short(n):
     s = s.replace("__nv_bfloat16", "bf16").replace("__half", "f16").replace("unsigned char", "u8")
     return s
 spilling = [r for r in rows if r[5] or r[6]]
+source = os.environ.get("FROM_LOG")
 per_arch = collections.Counter(r[1] for r in rows)
 archs = sorted(per_arch)
 if sys.argv[6]:  # the archs asked for (direct compile); a build log names its own
@@ -147,11 +148,11 @@ version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).st
 with open(out, "w") as f:
     f.write("# CUDA kernel resource report (ptxas -v), written by scripts/cuda_resource_report.sh\n")
     f.write(f"# nvcc: {version}\n")
-    source = os.environ.get("FROM_LOG")
     f.write(f"# source: {'build log ' + os.path.basename(source) if source else 'direct nvcc -O3 per .cu file'}\n")
     f.write(f"# kernels: {len(rows)} ({', '.join(f'{a}: {per_arch[a]}' for a in archs)}; "
             f"expected per arch from the instantiation lists: {expected})  "
-            f"spilling: {len(spilling)}  compile wall time: {elapsed} s\n")
+            f"spilling: {len(spilling)}  "
+            + ("(parsed from the build's log)\n" if source else f"compile wall time: {elapsed} s\n"))
     f.write("# attention kernel template args: <Scalar, cache, kDimsPerLane, kHeadTile, warp, warps>\n")
     f.write(f"{'arch':7} {'regs':>4} {'stack':>5} {'spill_st':>8} {'spill_ld':>8} {'smem':>6}  kernel\n")
     for file, arch, name, regs, stack, st, ld, smem in sorted(rows, key=lambda r: (r[1], short(r[2]))):
