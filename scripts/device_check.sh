@@ -17,8 +17,8 @@
 #   4. python -m paged_attention_ext check (every backend on this machine vs the oracle)
 #   5. scripts/bench_cuda.py (ours vs SDPA vs the oracle, with the copy bandwidth)
 #   6. the CLI benchmark, python -m paged_attention_ext bench --device cuda
-# Writes <out>/<step>.log, <out>/bench_cuda.md and <out>/results.md (one row per step): 8 files,
-# the most the device tool brings back (the ptxas report is inside build.log).
+# Writes <out>/<step>.log, <out>/bench_cuda.md and <out>/results.md (one row per step): 8 files
+# (the ptxas report is inside build.log).
 # No network is needed. Exit status: 0 when every step passed, else the number of failed steps
 # (3 when there is no GPU).
 set -uo pipefail
