@@ -11,6 +11,7 @@ with garbage past each row, NaN-poisoned unused cache slots, fp8 caches with sca
 pre-filled with NaN. All four v2 outputs are compared (scratch only where the contract defines it).
 """
 
+import dataclasses
 import math
 
 import pytest
@@ -22,6 +23,11 @@ from paged_attention_ext import backends, reference, schemas, testing
 from paged_attention_ext.testing import (alloc_v1_outputs, alloc_v2_outputs, assert_out_matches,
                                          assert_v2_matches, call_v1, call_v2,
                                          make_attention_inputs, with_strided_caches)
+from paged_attention_ext.validation import Blocksparse
+from test_blocksparse_reference import CASES as BLOCKSPARSE_CASES
+from test_blocksparse_reference import _inputs as blocksparse_inputs
+from test_blocksparse_reference import _mask as blocksparse_mask
+from test_blocksparse_reference import _poison_skipped as poison_skipped
 
 CUDA = torch.cuda.is_available()
 pytestmark = pytest.mark.cuda
@@ -167,6 +173,68 @@ def test_unsupported_head_size(ops):
     inputs = make_attention_inputs(1, 2, 1, 48, 16, [10], dtype=torch.float16, device=DEV)
     with pytest.raises(ValueError, match="Unsupported head size: 48"):
         call_v1(ops.v1, inputs, alloc_v1_outputs(inputs))
+
+
+# ---- blocksparse (CONTRACT.md "Blocksparse") ----
+
+def _to_device(inputs):
+    tensors = {f.name: getattr(inputs, f.name) for f in dataclasses.fields(inputs)
+               if isinstance(getattr(inputs, f.name), torch.Tensor)}
+    return dataclasses.replace(inputs, **{name: t.to(DEV) for name, t in tensors.items()})
+
+
+def _check_blocksparse(ops, inputs, sparse):
+    """v2 (all four outputs) and v1 against the oracle's v2, on inputs whose (cache block, KV
+    head) pairs that no query head of the KV head attends are NaN: a kernel that reads one of
+    them, or lets it into the softmax, gives NaN."""
+    poisoned = _to_device(poison_skipped(inputs, blocksparse_mask(inputs, sparse)))
+    want = call_v2(reference.paged_attention_v2, poisoned, alloc_v2_outputs(poisoned), sparse)
+    got = call_v2(ops.v2, poisoned, alloc_v2_outputs(poisoned), sparse)
+    got_v1 = call_v1(ops.v1, poisoned, alloc_v1_outputs(poisoned), sparse)
+    torch.cuda.synchronize()
+    assert_v2_matches(got, want, poisoned.seq_lens_list, poisoned.dtype, poisoned.kv_cache_dtype)
+    assert_out_matches(got_v1, want.out, poisoned.dtype, poisoned.kv_cache_dtype, name="v1 out")
+    return got
+
+
+# The cases of tests/test_blocksparse_reference.py (block sizes 5, 8 and 16: the per-token and the
+# vectorised V paths; sparse blocks smaller than, equal to, multiples and non-multiples of the
+# cache block; per-query-head and per-KV-head patterns; fp8), plus a GQA ratio of 12 (two passes of
+# 8 heads, each pass reading only the blocks its own heads attend).
+CUDA_BLOCKSPARSE_CASES = BLOCKSPARSE_CASES + [
+    ("gqa12-two-passes", (24, 2, 64, 16), Blocksparse(1, 1, 16, 32, 1),
+     torch.float16, "auto", True),
+]
+
+
+@pytest.mark.parametrize("case", CUDA_BLOCKSPARSE_CASES, ids=[c[0] for c in CUDA_BLOCKSPARSE_CASES])
+def test_blocksparse_matches_reference(ops, case):
+    _check_blocksparse(ops, blocksparse_inputs(case, seed=31), case[2])
+
+
+def test_blocksparse_nothing_attended_gives_zeros_and_empty_partitions(ops):
+    # Sparse block 0 is skipped by every head (vertical only, offset 1, vert 2): rows of 1 and
+    # 100 tokens attend nothing (zeros), the 1100-token row has empty partitions (max_logits
+    # -inf, exp_sums 0, tmp_out 0) next to full ones.
+    case = ("empty", (4, 2, 32, 8), Blocksparse(0, 0, 2, 600, 0), torch.float32, "auto", False)
+    got = _check_blocksparse(ops, blocksparse_inputs(case, seed=7, seq_lens=[1, 100, 1100]),
+                             case[2])
+    assert torch.equal(got.out[:2], torch.zeros_like(got.out[:2]))
+    assert (got.max_logits[2, :, 0] == float("-inf")).all() and (got.exp_sums[2, :, 0] == 0).all()
+    assert (got.tmp_out[2, :, 0] == 0).all() and got.out[2].abs().sum() > 0
+
+
+# ---- mixed devices: the contract's ValueError (validation runs before the device guard) ----
+
+def test_mixed_devices_raise_value_error(ops):
+    inputs = make_attention_inputs(2, 4, 2, 64, 16, [20, 3], dtype=torch.float16, device=DEV)
+    on_cpu = dataclasses.replace(inputs, query=inputs.query.cpu())
+    with pytest.raises(ValueError, match=r"^paged_attn\.v1: .*device"):
+        call_v1(ops.v1, on_cpu, alloc_v1_outputs(inputs))
+    key = torch.randn(3, 2, 64, dtype=torch.float16)  # on the CPU, the caches on the GPU
+    slots = torch.tensor([0, -1, 17], dtype=torch.int64, device=DEV)
+    with pytest.raises(ValueError, match=r"^paged_attn\.reshape_and_cache: .*device"):
+        ops.reshape_and_cache(key, key, inputs.key_cache, inputs.value_cache, slots)
 
 
 # ---- data-dependent validity: NaN rows, never an out-of-bounds read ----

@@ -29,6 +29,12 @@
 //     multiply (0 * NaN = NaN: a probability of 0 is not enough when unused slots hold NaN).
 //   - Block offsets are int64 (block_id * kv_block_stride overflows int32 on large pools).
 //   - max_seq_len is not used: the range comes from seq_lens alone.
+//
+// Blocksparse (docs/CONTRACT.md, core/blocksparse.h): per token, a bit mask of the pass's heads
+// that attend its cache block. A head whose bit is clear gets a -inf logit (probability 0); a
+// block no head of the pass attends is never read, K nor V (it may hold NaN). A head with nothing
+// attended in the range ends with the empty state (max -inf, sum 0, output 0): v1 writes 0, v2
+// writes max_logits -inf, exp_sums 0, tmp_out 0 (weight 0 in the reduce).
 #pragma once
 
 #include <cstdint>
@@ -50,7 +56,24 @@ struct AttentionSmem {
   float probs[kNumWarps][kHeadTile][kWarpSize];  // per warp: one tile's probabilities
   float out[kNumWarps][kHeadTile][kMaxDims];     // per warp: unnormalised output at the end
   SoftmaxStats stats[kNumWarps][kHeadTile];      // per warp: (max, exp sum) at the end
+  int64_t sparse_offset[kHeadTile];              // blocksparse: blocksparse_offset of each slot
 };
+
+// Bit g set: tile slot g (< num_tile_heads) attends cache block `block` (index in the row's block
+// table) of a row of seq_len tokens; every bit when the call is dense.
+template <int kHeadTile>
+__device__ __forceinline__ uint32_t attending_heads(const PagedAttentionParams& p,
+                                                   const int64_t* sparse_offset,
+                                                   int num_tile_heads, int seq_len,
+                                                   int64_t block) {
+  if (!blocksparse_active(p.blocksparse)) return ~0u;
+  uint32_t mask = 0;
+#pragma unroll 1  // NOTE: 64-bit divisions: one copy, not kHeadTile
+  for (int g = 0; g < num_tile_heads; ++g)
+    if (blocksparse_attends(p.blocksparse, sparse_offset[g], seq_len, p.block_size, block))
+      mask |= 1u << g;
+  return mask;
+}
 
 // Grid: (num_seqs, num_kv_heads, num_partitions)  [v1: num_partitions = 1]
 // Block: kNumWarps * kWarpSize threads.
@@ -151,6 +174,9 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
         q = to_float(q_row[static_cast<int64_t>(head0 + g) * p.q_head_stride + d]) * p.scale;
       smem.q[g][d] = q;
     }
+    if (blocksparse_active(p.blocksparse) && threadIdx.x < num_tile_heads)
+      smem.sparse_offset[threadIdx.x] =
+          blocksparse_offset(p.blocksparse, p.num_heads, p.num_kv_heads, head0 + threadIdx.x);
     float slope[kHeadTile];
 #pragma unroll
     for (int g = 0; g < kHeadTile; ++g)
@@ -176,11 +202,16 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
       float logit[kHeadTile];
 #pragma unroll
       for (int g = 0; g < kHeadTile; ++g) logit[g] = -INFINITY;
+      uint32_t heads_mask = 0;  // the heads attending token t's block (0: t not read)
       if (t < tok_end) {
         const int64_t block_id = table_row[t / block_size];
         if (block_id < 0 || block_id >= p.num_blocks) {
           bad_block = true;
         } else {
+          heads_mask = attending_heads<kHeadTile>(p, smem.sparse_offset, num_tile_heads, seq_len,
+                                                  t / block_size);
+        }
+        if (heads_mask != 0) {
           const CacheT* k_tok = k_head + block_id * p.kv_block_stride +
                                 static_cast<int64_t>(t % block_size) * kX;
           float dot[kHeadTile];
@@ -203,7 +234,8 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
           }
           const float alibi_pos = static_cast<float>(t - seq_len + 1);  // 0 at the last token
 #pragma unroll
-          for (int g = 0; g < kHeadTile; ++g) logit[g] = dot[g] * k_scale + slope[g] * alibi_pos;
+          for (int g = 0; g < kHeadTile; ++g)
+            logit[g] = (heads_mask >> g) & 1u ? dot[g] * k_scale + slope[g] * alibi_pos : -INFINITY;
         }
       }
 
@@ -235,6 +267,9 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
             bad_block = true;
             continue;  // warp-uniform; never dereference a bad id
           }
+          // lane s0 holds token t0's mask; 0: no head of the pass attends the block, every
+          // probability is 0 and V is not read
+          if (__shfl_sync(0xffffffffu, heads_mask, s0) == 0) continue;  // warp-uniform
           const CacheT* v_base =
               v_head + block_id * p.kv_block_stride + static_cast<int64_t>(t0 % block_size);
 #pragma unroll
@@ -253,10 +288,15 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
           for (int e = 0; e < kVVec; ++e) {
             const int te = t0 + e;
             int64_t block_id = -1;
+            // lane s0 + e holds token te's mask (0 past the range, for a bad id, and for a block
+            // no head of the pass attends: then V is not read)
+            const uint32_t te_mask = __shfl_sync(0xffffffffu, heads_mask, s0 + e);
             if (te < tok_end) {
               block_id = table_row[te / block_size];
               if (block_id < 0 || block_id >= p.num_blocks) {
                 bad_block = true;
+                block_id = -1;
+              } else if (te_mask == 0) {
                 block_id = -1;
               }
             }

@@ -170,10 +170,6 @@ void attention(const char* op, const at::Tensor& out, const at::Tensor* exp_sums
       op, out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, num_kv_heads, scale,
       block_tables, seq_lens, block_size, max_seq_len, alibi_slopes, kv_cache_dtype, k_scale,
       v_scale, blocksparse);
-  TORCH_CHECK_VALUE(!blocksparse_active(p.blocksparse), "paged_attn.", op,
-                    ": blocksparse attention (blocksparse_vert_stride=", blocksparse.vert_stride,
-                    ") is not implemented by the CUDA kernels yet; the C++ CPU kernel and the "
-                    "PyTorch implementation compute it (paged_attention_ext.fallback)");
   check_cuda_attention(op, p, key_cache, value_cache);
   const c10::cuda::CUDAGuard device_guard(query.device());
   require_kernels_for(query.device().index());
