@@ -1,6 +1,7 @@
 """paged_attention_ext: vLLM-compatible PagedAttention decode ops for PyTorch.
 
-Importing this package makes `torch.ops.paged_attn.v1`, `.v2` and `.reshape_and_cache` available:
+Importing this package makes `torch.ops.paged_attn.v1`, `.v2`, `.reshape_and_cache` (vLLM's
+cache layout) and `.decode`, `.reshape_and_cache_flash` (NHD / HND caches) available:
 from the compiled extension `_C` (CPU kernel, and CUDA kernels in a CUDA build) when it was built,
 otherwise from the pure-PyTorch implementation (same schemas, any device torch supports).
 
@@ -85,8 +86,9 @@ if EXTENSION_STATUS in ("not built", "failed to load"):
 # The PyTorch implementation that serves devices with no compiled kernel.
 _register(extension_loaded(), fallback)
 
-from .api import PARTITION_SIZE, allocate_kv_cache, paged_attention, reshape_and_cache  # noqa: E402
+from .api import (PARTITION_SIZE, allocate_kv_cache, allocate_paged_kv_cache,  # noqa: E402
+                  paged_attention, paged_decode, reshape_and_cache, reshape_and_cache_flash)
 
-__all__ = ["PARTITION_SIZE", "allocate_kv_cache", "paged_attention", "reshape_and_cache",
-           "extension_loaded", "extension_status", "cpu_kernel", "cpu_kernel_variants",
-           "reference"]
+__all__ = ["PARTITION_SIZE", "allocate_kv_cache", "allocate_paged_kv_cache", "paged_attention",
+           "paged_decode", "reshape_and_cache", "reshape_and_cache_flash", "extension_loaded",
+           "extension_status", "cpu_kernel", "cpu_kernel_variants", "reference"]

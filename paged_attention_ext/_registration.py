@@ -52,17 +52,30 @@ def _fake_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
                                 slot_mapping, kv_cache_dtype, k_scale, v_scale)
 
 
+def _fake_decode(out, query, key_cache, value_cache, block_tables, seq_lens, scale,
+                 alibi_slopes, kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0):
+    validation.check_decode_args("decode", out, query, key_cache, value_cache, block_tables,
+                                 seq_lens, scale, alibi_slopes, kv_cache_dtype, k_scale, v_scale)
+
+
+def _fake_reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping,
+                                  kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0):
+    validation.check_flash_cache_args("reshape_and_cache_flash", key, value, key_cache,
+                                      value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale)
+
+
 def _register_impls(implementation):
     """`implementation`: a module with paged_attention_v1 / paged_attention_v2 /
-    reshape_and_cache taking the ops' arguments in order."""
+    reshape_and_cache / decode / reshape_and_cache_flash taking the ops' arguments in order."""
     lib = torch.library.Library(schemas.LIBRARY, "IMPL")
-    fakes = {"v1": _fake_v1, "v2": _fake_v2, "reshape_and_cache": _fake_reshape_and_cache}
+    fakes = {"v1": _fake_v1, "v2": _fake_v2, "reshape_and_cache": _fake_reshape_and_cache,
+             "decode": _fake_decode, "reshape_and_cache_flash": _fake_reshape_and_cache_flash}
     impls = {"v1": implementation.paged_attention_v1, "v2": implementation.paged_attention_v2,
-             "reshape_and_cache": implementation.reshape_and_cache}
+             "reshape_and_cache": implementation.reshape_and_cache,
+             "decode": implementation.decode,
+             "reshape_and_cache_flash": implementation.reshape_and_cache_flash}
     for name, _ in schemas.SCHEMAS:
         op = name.split(".")[0]
-        if op not in impls:  # TODO(NHD/HND, issue 13): decode, reshape_and_cache_flash
-            continue
         lib.impl(name, impls[op], "CompositeExplicitAutograd")
         torch.library.register_fake(f"{schemas.LIBRARY}::{name}", fakes[op], lib=lib)
     _LIBS.append(lib)

@@ -1,11 +1,15 @@
 """Python API over torch.ops.paged_attn: allocate outputs and scratch, pick v1 or v2 as vLLM
-does, allocate a KV cache in the paged layout.
+does, allocate a KV cache in the paged layout; decode over NHD / HND caches.
 
 Shapes (CONTRACT.md):
   query        [num_seqs, num_heads, head_size]
   key_cache    [num_blocks, num_kv_heads, head_size // x, block_size, x],  x = 16 // element size
   value_cache  [num_blocks, num_kv_heads, head_size, block_size]
   block_tables int32 [num_seqs, max_blocks_per_seq];  seq_lens int32 [num_seqs]
+NHD / HND caches (paged_decode, reshape_and_cache_flash, allocate_paged_kv_cache):
+  kv_layout "nhd"  key_cache, value_cache [num_blocks, block_size, num_kv_heads, head_size]
+  kv_layout "hnd"  key_cache, value_cache [num_blocks, num_kv_heads, block_size, head_size]
+  (any strides with a contiguous last dim; an HND cache reaches the ops as cache.transpose(1, 2))
 """
 
 import math
@@ -121,3 +125,84 @@ def allocate_kv_cache(num_blocks: int, num_kv_heads: int, head_size: int, block_
     value_cache = torch.zeros(num_blocks, num_kv_heads, head_size, block_size, dtype=storage,
                               device=device)
     return key_cache, value_cache
+
+
+KV_LAYOUTS = ("nhd", "hnd")
+
+
+def _nhd_views(fn, key_cache, value_cache, kv_layout):
+    """The caches as the NHD-ordered views the ops take (kv_layout: how they are stored)."""
+    if kv_layout == "hnd":
+        return key_cache.transpose(1, 2), value_cache.transpose(1, 2)
+    if kv_layout != "nhd":
+        raise ValueError(f"{fn}: kv_layout must be 'nhd' or 'hnd', got {kv_layout!r}")
+    return key_cache, value_cache
+
+
+def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                 block_tables: torch.Tensor, seq_lens: torch.Tensor, *,
+                 scale: Optional[float] = None, alibi_slopes: Optional[torch.Tensor] = None,
+                 kv_cache_dtype: str = "auto", k_scale: Scale = 1.0, v_scale: Scale = 1.0,
+                 out: Optional[torch.Tensor] = None, kv_layout: str = "nhd",
+                 validate: bool = False) -> torch.Tensor:
+    """Decode attention of each sequence's query over its paged K/V in an NHD or HND cache;
+    returns out [num_seqs, num_heads, head_size] (torch.ops.paged_attn.decode, CONTRACT.md
+    "NHD / HND caches").
+
+    key_cache, value_cache: stored as kv_layout says ("nhd": [num_blocks, block_size,
+      num_kv_heads, head_size], "hnd": [num_blocks, num_kv_heads, block_size, head_size]), any
+      strides with a contiguous last dim (a combined [num_blocks, 2, ...] tensor: pass kv[:, 0],
+      kv[:, 1]). Nothing is copied: an HND cache is handed to the op as its transposed view.
+    scale: softmax scale, default 1/sqrt(head_size).
+    validate: run the data-dependent checks (block ids, lengths) first; the CPU always runs
+      them, a CUDA kernel skips them to stay sync-free.
+    """
+    key_cache, value_cache = _nhd_views("paged_decode", key_cache, value_cache, kv_layout)
+    if scale is None:
+        scale = 1.0 / math.sqrt(query.shape[-1])
+    if out is None:
+        out = torch.empty_like(query, memory_format=torch.contiguous_format)
+    args = (out, query, key_cache, value_cache, block_tables, seq_lens, scale, alibi_slopes,
+            kv_cache_dtype, k_scale, v_scale)
+    if validate:
+        validation.check_decode_args("decode", *args)
+        validation.check_decode_data("decode", key_cache, block_tables, seq_lens)
+    torch.ops.paged_attn.decode(*args)
+    return out
+
+
+def reshape_and_cache_flash(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                            value_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                            kv_cache_dtype: str = "auto", k_scale: Scale = 1.0,
+                            v_scale: Scale = 1.0, *, kv_layout: str = "nhd") -> None:
+    """Write key/value [num_rows, num_kv_heads, head_size] into NHD / HND caches (kv_layout, as
+    paged_decode) at slot_mapping (int64 [num_tokens], num_tokens <= num_rows: the rows past it
+    are padding; slot = block * block_size + offset; negative slots are skipped)."""
+    key_cache, value_cache = _nhd_views("reshape_and_cache_flash", key_cache, value_cache,
+                                        kv_layout)
+    torch.ops.paged_attn.reshape_and_cache_flash(key, value, key_cache, value_cache,
+                                                 slot_mapping, kv_cache_dtype, k_scale, v_scale)
+
+
+def allocate_paged_kv_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
+                            dtype: torch.dtype = torch.float16,
+                            device: Union[str, torch.device] = "cpu",
+                            kv_cache_dtype: str = "auto",
+                            kv_layout: str = "nhd") -> Tuple[torch.Tensor, torch.Tensor]:
+    """Zeroed (key_cache, value_cache) for paged_decode / reshape_and_cache_flash, stored as
+    kv_layout says ("nhd": [num_blocks, block_size, num_kv_heads, head_size], "hnd":
+    [num_blocks, num_kv_heads, block_size, head_size]); pass the same kv_layout to them.
+    `dtype` is the model dtype; fp8 caches ("fp8", "fp8_e4m3", "fp8_e5m2") are stored as uint8."""
+    if kv_layout not in KV_LAYOUTS:
+        raise ValueError(f"allocate_paged_kv_cache: kv_layout must be 'nhd' or 'hnd', "
+                         f"got {kv_layout!r}")
+    if kv_cache_dtype == "auto":
+        storage = dtype
+    elif kv_cache_dtype in _CACHE_STORAGE_DTYPE:
+        storage = _CACHE_STORAGE_DTYPE[kv_cache_dtype]
+    else:
+        raise ValueError(f"allocate_paged_kv_cache: unknown kv_cache_dtype {kv_cache_dtype!r}")
+    shape = ((num_blocks, block_size, num_kv_heads, head_size) if kv_layout == "nhd"
+             else (num_blocks, num_kv_heads, block_size, head_size))
+    return (torch.zeros(shape, dtype=storage, device=device),
+            torch.zeros(shape, dtype=storage, device=device))

@@ -1,4 +1,5 @@
-"""Fast, sync-free PyTorch paged attention (v1 / v2) and reshape_and_cache.
+"""Fast, sync-free PyTorch paged attention (v1 / v2, and decode over NHD-ordered caches),
+reshape_and_cache and reshape_and_cache_flash.
 
 Serves every device with no compiled kernel (registered for CompositeExplicitAutograd). Same
 arguments, in vLLM's order, and same results as the oracle (reference.py), which stays the judge.
@@ -193,9 +194,10 @@ def _bit_mask(valid, element_size):
 
 
 def _gather_values(ws, value_cache, block_ids, valid, kind):
-    """V of the blocks block_ids [C', S', nb] (in range), head-dim-major, fp32, the slots where
+    """V of the blocks block_ids [C', S', nb] (in range), fp32, the slots where
     `valid` [C', S', 1 or kvh, nb * block_size] is False zeroed (fp8: scale NOT applied).
-    value_cache [num_blocks, kvh, d, block_size] -> [C', S', kvh, d, nb * block_size].
+    value_cache [num_blocks, kvh, d, block_size] -> [C', S', kvh, nb * block_size, d], a
+    transposed view of head-dim-major memory (the P.V matmul reads it as it is).
 
     NOTE: NaN-poisoned slots must really be zeroed (p = 0 is not enough: 0 * NaN = NaN), and
     masked_fill / torch.where are element-by-element loops on the CPU (10-16x slower than a
@@ -215,7 +217,7 @@ def _gather_values(ws, value_cache, block_ids, valid, kind):
     order = (0, 1, 3, 4, 2, 5)  # -> [C', S', kvh, d, nb, bs]
     shape = (parts, seqs, kvh, head_size, nb * block_size)
     if not ws.reuse:  # compiling: inductor fuses mask, permutation and conversion
-        return torch.where(valid, g.float(), 0.0).permute(order).reshape(shape)
+        return torch.where(valid, g.float(), 0.0).permute(order).reshape(shape).transpose(-1, -2)
     t = ws.empty("tokens", (parts, seqs, kvh, head_size, nb, block_size), torch.float32)
     if g.dtype == torch.float32:  # mask + layout in one pass
         torch.bitwise_and(g.view(torch.int32).permute(order), _bit_mask(valid, 4).permute(order),
@@ -223,7 +225,61 @@ def _gather_values(ws, value_cache, block_ids, valid, kind):
     else:
         g.view(_SAME_WIDTH_INT[g.element_size()]).bitwise_and_(_bit_mask(valid, g.element_size()))
         t.copy_(g.permute(order))
+    return t.view(shape).transpose(-1, -2)
+
+
+# v1 / v2's caches: K [num_blocks, kvh, d/x, block_size, x], V [num_blocks, kvh, d, block_size].
+_LEGACY_GATHER = (_gather_keys, _gather_values)
+
+
+def _gather_tokens_nhd(ws, cache, block_ids, kind, valid=None):
+    """The tokens of the blocks block_ids [C', S', nb] (in range) of an NHD-ordered cache
+    [num_blocks, block_size, kvh, d] (any strides, last dim contiguous), token-major fp32
+    [C', S', kvh, nb * block_size, d] (fp8: scale NOT applied); valid [C', S', 1, nb *
+    block_size] (V): the slots where it is False are zeroed (see _gather_values).
+
+    Blocks are gathered in their memory order: an HND cache's view (head stride > token stride)
+    is gathered as [.., kvh, block_size, d] rows, an NHD one as [.., block_size, kvh, d]; one
+    copy then lays them out token-major per KV head and converts them to fp32.
+    """
+    parts, seqs, nb = block_ids.shape
+    _, block_size, kvh, head_size = cache.shape
+    head_major = cache.stride(2) > cache.stride(1)
+    src = cache.transpose(1, 2) if head_major else cache  # memory order
+    g = _gather_blocks(ws, src, block_ids)  # the elements of src[block_ids], contiguous
+    if kind != "auto":
+        g = g.view(validation.FP8_DTYPES[kind])
+    g = g.view((parts * seqs * nb,) + tuple(src.shape[1:]))
+    if valid is not None:  # [C', S', 1, nb * bs] -> per gathered block [n, bs] in src's order
+        valid = valid.reshape(parts * seqs * nb, block_size)
+        valid = valid[:, None, :, None] if head_major else valid[:, :, None, None]
+    g = g.view((parts, seqs, nb) + tuple(src.shape[1:]))
+    order = (0, 1, 3, 2, 4, 5) if head_major else (0, 1, 4, 2, 3, 5)  # -> [C',S',kvh,nb,bs,d]
+    shape = (parts, seqs, kvh, nb * block_size, head_size)
+    if not ws.reuse:  # compiling: inductor fuses mask, permutation and conversion
+        t = g.float()
+        if valid is not None:
+            t = torch.where(valid.view((parts, seqs, nb) + tuple(valid.shape[1:])), t, 0.0)
+        return t.permute(order).reshape(shape)
+    if valid is not None:  # zero the masked slots in place (bits AND mask: see _gather_values)
+        flat = g.view((parts * seqs * nb,) + tuple(src.shape[1:]))
+        flat.view(_SAME_WIDTH_INT[g.element_size()]).bitwise_and_(
+            _bit_mask(valid, g.element_size()))
+    t = ws.empty("tokens", (parts, seqs, kvh, nb, block_size, head_size), torch.float32)
+    t.copy_(g.permute(order))
     return t.view(shape)
+
+
+def _gather_keys_nhd(ws, key_cache, block_ids, kind):
+    return _gather_tokens_nhd(ws, key_cache, block_ids, kind)
+
+
+def _gather_values_nhd(ws, value_cache, block_ids, valid, kind):
+    return _gather_tokens_nhd(ws, value_cache, block_ids, kind, valid)
+
+
+# decode's caches: NHD-ordered [num_blocks, block_size, kvh, d], any strides.
+_NHD_GATHER = (_gather_keys_nhd, _gather_values_nhd)
 
 
 def _clamped_tables(block_tables, extent_blocks, num_blocks):
@@ -283,14 +339,15 @@ def _sub_chunk_blocks(tables, seq_lens, s0, s1, p0, p1, part_len, block_size, sp
     return ids, valid, offset
 
 
-def _pass_states(ws, q, key_cache, value_cache, kind, v_scale, tables, seq_lens, slopes, sparse,
-                 block_size, s0, s1, p0, p1, part_len, step):
+def _pass_states(ws, gather, q, key_cache, value_cache, kind, v_scale, tables, seq_lens, slopes,
+                 sparse, block_size, s0, s1, p0, p1, part_len, step):
     """Partition states of rows [s0, s1), partitions [p0, p1) of part_len tokens (512, or fewer
     for a last partial partition, alone in its pass), gathered `step` partitions at a time.
 
     q [1, S, kvh, group, d] fp32, already times scale (* k_scale); slopes [1, 1, kvh, group, 1]
     or None; tables [S, >= blocks of the extent] int64 block ids clamped into [0, num_blocks);
-    sparse: validation.Blocksparse or None (dense).
+    sparse: validation.Blocksparse or None (dense); gather: (keys, values) gatherers of the
+    caches' layout (_LEGACY_GATHER or _NHD_GATHER).
     Returns max, sum [C, S', kvh, group] and out [C, S', kvh, group, d] (out UNnormalised).
     """
     parts, seqs = p1 - p0, s1 - s0
@@ -305,7 +362,7 @@ def _pass_states(ws, q, key_cache, value_cache, kind, v_scale, tables, seq_lens,
         ids, slot_valid, offset = _sub_chunk_blocks(tables, seq_lens, s0, s1, p0 + c0, p0 + c1,
                                                     part_len, block_size, sparse, (kvh, group))
         gathered.append((ids, slot_valid, offset))
-        k = _gather_keys(ws, key_cache, ids, kind)  # [C', S', kvh, nb * bs, d]
+        k = gather[0](ws, key_cache, ids, kind)  # [C', S', kvh, nb * bs, d]
         k = k[:, :, :, offset:offset + part_len]  # the partitions' tokens [C', S', kvh, L, d]
         torch.matmul(q[:, s0:s1], k.transpose(-1, -2), out=logits[c0:c1])
 
@@ -331,9 +388,9 @@ def _pass_states(ws, q, key_cache, value_cache, kind, v_scale, tables, seq_lens,
     # out [C, S', kvh, g, d] = p . v, one batched matmul per sub-chunk.
     part_out = torch.empty((parts, seqs, kvh, group, head_size), device=q.device)
     for (c0, c1), (ids, slot_valid, offset) in zip(subs, gathered):
-        v = _gather_values(ws, value_cache, ids, slot_valid, kind)  # [C', S', kvh, d, nb*bs]
-        v = v[..., offset:offset + part_len]
-        torch.matmul(p[c0:c1], v.transpose(-1, -2), out=part_out[c0:c1])
+        v = gather[1](ws, value_cache, ids, slot_valid, kind)  # [C', S', kvh, nb * bs, d]
+        v = v[:, :, :, offset:offset + part_len]
+        torch.matmul(p[c0:c1], v, out=part_out[c0:c1])
     if kind != "auto":
         part_out = part_out * v_scale
     return part_max, part_sum, part_out
@@ -359,11 +416,21 @@ def _attention(op, out, exp_sums, max_logits, tmp_out, query, key_cache, value_c
         validation.check_attention_data(op, key_cache, block_tables, seq_lens, block_size,
                                         tmp_out)
     sparse = validation.blocksparse_spec(tp_rank, bs_local, bs_vert, bs_block, bs_step)
+    capacity = block_tables.shape[1] * block_size
+    extent = capacity if tmp_out is None else min(capacity, tmp_out.shape[2] * PARTITION_SIZE)
+    _compute(out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, _LEGACY_GATHER,
+             num_kv_heads, block_size, extent, scale, block_tables, seq_lens, alibi_slopes, kind,
+             k_scale, v_scale, sparse)
+
+
+def _compute(out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, gather,
+             num_kv_heads, block_size, extent, scale, block_tables, seq_lens, alibi_slopes, kind,
+             k_scale, v_scale, sparse):
+    """Steps 1-5 of the module docstring, after validation, for either cache layout (gather)
+    over the first `extent` tokens of each row (exp_sums, max_logits, tmp_out: None for v1)."""
     num_seqs, num_heads, head_size = query.shape
     group = num_heads // num_kv_heads
     num_blocks = key_cache.shape[0]
-    capacity = block_tables.shape[1] * block_size
-    extent = capacity if tmp_out is None else min(capacity, tmp_out.shape[2] * PARTITION_SIZE)
     dev = query.device
 
     logit_scale = scale * _scale_value(k_scale, dev) if kind != "auto" else scale
@@ -382,7 +449,7 @@ def _attention(op, out, exp_sums, max_logits, tmp_out, query, key_cache, value_c
                      1 if dev.type == "cpu" else ACCELERATOR_BUDGET_SCALE)
         tables = _clamped_tables(block_tables, -(-extent // block_size), num_blocks)
     for s0, s1, passes in plan:
-        states = [_pass_states(ws, q, key_cache, value_cache, kind, vs, tables, seq_lens,
+        states = [_pass_states(ws, gather, q, key_cache, value_cache, kind, vs, tables, seq_lens,
                                slopes, sparse, block_size, s0, s1, *spec) for spec in passes]
         # All partitions of these rows: max, sum [P, S', kvh, g]; out [P, S', kvh, g, d].
         part_max, part_sum, part_out = (torch.cat(t) for t in zip(*states))
@@ -429,6 +496,26 @@ def paged_attention_v2(out, exp_sums, max_logits, tmp_out, query, key_cache, val
                blocksparse_vert_stride, blocksparse_block_size, blocksparse_head_sliding_step)
 
 
+def decode(out, query, key_cache, value_cache, block_tables, seq_lens, scale, alibi_slopes,
+           kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0):
+    """out [num_seqs, num_heads, head_size] <- decode attention over NHD-ordered caches
+    [num_blocks, block_size, num_kv_heads, head_size] (any strides, last dim contiguous): v1's
+    algorithm (above) with the NHD gathers. On the CPU outside tracing, where the lengths are
+    read anyway, the extent stops at the longest row instead of the block table's capacity."""
+    op = "decode"
+    kind = validation.check_decode_args(op, out, query, key_cache, value_cache, block_tables,
+                                        seq_lens, scale, alibi_slopes, kv_cache_dtype, k_scale,
+                                        v_scale)
+    _, block_size, num_kv_heads, _ = key_cache.shape
+    extent = block_tables.shape[1] * block_size
+    if _run_data_checks(query.device):
+        validation.check_decode_data(op, key_cache, block_tables, seq_lens)
+        extent = min(extent, int(seq_lens.max())) if seq_lens.numel() else 0
+    _compute(out, None, None, None, query, key_cache, value_cache, _NHD_GATHER, num_kv_heads,
+             block_size, extent, scale, block_tables, seq_lens, alibi_slopes, kind, k_scale,
+             v_scale, None)
+
+
 # ---- reshape_and_cache ----
 
 def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype="auto",
@@ -453,16 +540,49 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache
     k = k.reshape(num_tokens, kvh, head_size // x, x)  # [N, kvh, d/x, x]
     v = encode_cache(value, kind, _scale_value(v_scale, key.device))  # [N, kvh, d]
 
-    live = (slot_mapping >= 0) & (slot_mapping < num_blocks * block_size)  # [N]
+    slot, fill_rows = _sync_free_slots(slot_mapping, num_blocks * block_size)
+    blocks, offsets = slot // block_size, slot % block_size
+    # key_cache[b, :, :, o, :] is [kvh, d/x, x]; value_cache[b, :, :, o] is [kvh, d].
+    key_cache[blocks, :, :, offsets, :] = fill_rows(k, key_cache[0, :, :, 0, :])
+    value_cache[blocks, :, :, offsets] = fill_rows(v, value_cache[0, :, :, 0])
+
+
+def _sync_free_slots(slot_mapping, num_slots):
+    """Slots for writing every token with no host sync (see reshape_and_cache): returns
+    (slot [N] int64, fill_rows). A skipped token (slot < 0, or >= num_slots) gets the first live
+    token's slot, or slot 0 when none is live. fill_rows(rows [N, ...], slot0_now [...]) gives
+    the rows to write: a skipped token carries the first live token's row, or, with no live
+    token, slot 0's current contents (so every write is a no-op or a duplicate)."""
+    live = (slot_mapping >= 0) & (slot_mapping < num_slots)  # [N]
     first = torch.argmax(live.to(torch.int32)).view(1)  # the first live token (0 if none)
     any_live = live.any()
     slot = torch.where(live, slot_mapping, torch.where(any_live, slot_mapping[first], 0))
+
+    def fill_rows(rows, slot0_now):
+        fill = torch.where(any_live, rows[first], slot0_now[None])  # [1, ...]
+        return torch.where(live.view((-1,) + (1,) * (rows.dim() - 1)), rows, fill)
+
+    return slot, fill_rows
+
+
+def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping,
+                            kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0):
+    """Write token i's key/value [num_kv_heads, head_size] (i < slot_mapping.size(0); rows past
+    it are padding, not read) into slot slot_mapping[i] of the NHD-ordered caches (any strides:
+    the writes go through the views). Sync-free as reshape_and_cache."""
+    op = "reshape_and_cache_flash"
+    kind = validation.check_flash_cache_args(op, key, value, key_cache, value_cache,
+                                             slot_mapping, kv_cache_dtype, k_scale, v_scale)
+    if _run_data_checks(key.device):
+        validation.check_flash_cache_data(op, key_cache, slot_mapping)
+    num_tokens = slot_mapping.shape[0]
+    num_blocks, block_size = key_cache.shape[:2]
+    if num_tokens == 0 or num_blocks == 0:
+        return
+    k = encode_cache(key[:num_tokens], kind, _scale_value(k_scale, key.device))  # [N, kvh, d]
+    v = encode_cache(value[:num_tokens], kind, _scale_value(v_scale, key.device))
+    slot, fill_rows = _sync_free_slots(slot_mapping, num_blocks * block_size)
     blocks, offsets = slot // block_size, slot % block_size
-    # Current bytes of slot 0 (block 0, offset 0): what a no-live-token call writes back.
-    k_fill = torch.where(any_live, k[first], key_cache[0, :, :, 0, :][None])  # [1, kvh, d/x, x]
-    v_fill = torch.where(any_live, v[first], value_cache[0, :, :, 0][None])  # [1, kvh, d]
-    k = torch.where(live[:, None, None, None], k, k_fill)
-    v = torch.where(live[:, None, None], v, v_fill)
-    # key_cache[b, :, :, o, :] is [kvh, d/x, x]; value_cache[b, :, :, o] is [kvh, d].
-    key_cache[blocks, :, :, offsets, :] = k
-    value_cache[blocks, :, :, offsets] = v
+    # key_cache[b, o] is [kvh, d].
+    key_cache[blocks, offsets] = fill_rows(k, key_cache[0, 0])
+    value_cache[blocks, offsets] = fill_rows(v, value_cache[0, 0])

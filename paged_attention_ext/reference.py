@@ -1,4 +1,5 @@
-"""The oracle: paged attention v1 / v2 and reshape_and_cache in plain PyTorch (any device).
+"""The oracle: paged attention v1 / v2 and reshape_and_cache, and decode and
+reshape_and_cache_flash over NHD-ordered caches, in plain PyTorch (any device).
 
 Clarity over speed; it is the ground truth the kernels are tested against, and it is itself
 checked against an independent float64 dense attention (tests/test_reference.py). It imports
@@ -18,6 +19,8 @@ Algorithm (per sequence, as the seed but correct):
      attended token is empty: max -inf, exp sum 0, output 0;
   4. v2: store those in max_logits / exp_sums / tmp_out and combine them with partition_weights;
      v1: fold the partitions with merge_stats (the CPU kernel's online merge).
+  decode: step 1 gathers through the block table from the NHD-ordered cache
+     [num_blocks, block_size, num_kv_heads, head_size] (any strides), steps 2-4 as v1.
   Everything is fp32; out is rounded to the query dtype once, tmp_out is stored in the query dtype.
 Steps 3-4 mirror csrc/core/compound_state.h (merge_stats, inv_sum, partition_weights) line for line.
 """
@@ -161,6 +164,18 @@ def _partition_states(query_row, k, v, scale, slopes, seq_len, keep=None):
     return part_max, part_sum, part_out.reshape(num_heads, num_parts, head_size)
 
 
+def _fold_partitions(part_max, part_sum, part_out):
+    """v1's online merge: fold the partitions (max, sum [H, P], UNnormalised out [H, P, d]) one by
+    one with merge_stats, then normalise. Returns [H, d] fp32."""
+    acc_max = torch.full_like(part_max[:, 0], _NEG_INF)
+    acc_sum = torch.zeros_like(part_sum[:, 0])
+    acc_out = torch.zeros_like(part_out[:, 0])
+    for p in range(part_max.shape[1]):
+        acc_max, acc_sum, fa, fb = merge_stats(acc_max, acc_sum, part_max[:, p], part_sum[:, p])
+        acc_out = acc_out * fa[:, None] + part_out[:, p] * fb[:, None]
+    return acc_out * inv_sum(acc_sum)[:, None]
+
+
 def _attention(out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, num_kv_heads,
                scale, block_tables, seq_lens, block_size, max_seq_len, alibi_slopes,
                kv_cache_dtype, k_scale, v_scale, tp_rank, bs_local, bs_vert, bs_block, bs_step,
@@ -197,14 +212,7 @@ def _attention(out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache
             w = partition_weights(part_max, part_sum)  # [H, P]
             result = (w[..., None] * part_out_normed).sum(dim=1)  # [H, d]
         else:  # v1: fold the partitions one by one (online merge)
-            acc_max = torch.full_like(part_max[:, 0], _NEG_INF)
-            acc_sum = torch.zeros_like(part_sum[:, 0])
-            acc_out = torch.zeros_like(part_out[:, 0])
-            for p in range(num_parts):
-                acc_max, acc_sum, fa, fb = merge_stats(acc_max, acc_sum, part_max[:, p],
-                                                       part_sum[:, p])
-                acc_out = acc_out * fa[:, None] + part_out[:, p] * fb[:, None]
-            result = acc_out * inv_sum(acc_sum)[:, None]
+            result = _fold_partitions(part_max, part_sum, part_out)
         out[s] = result.to(out.dtype)
 
 
@@ -255,3 +263,59 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache
     # key_cache[b, :, :, o, :] is [kvh, head_size/x, x]; value_cache[b, :, :, o] is [kvh, head_size].
     key_cache[blocks, :, :, offsets, :] = k.reshape(-1, kvh, head_size // x, x)
     value_cache[blocks, :, :, offsets] = v
+
+
+# ---- NHD / HND caches: decode and reshape_and_cache_flash (CONTRACT.md "NHD / HND caches") ----
+
+def _gather_sequence_nhd(cache, block_ids, seq_len, kind, scale):
+    """The tokens of one sequence as fp32 [num_kv_heads, seq_len, head_size].
+    cache [num_blocks, block_size, kv_heads, head_size], any strides (an HND cache's view too)."""
+    t = decode_cache(cache[block_ids], kind, scale)  # [nb, bs, kvh, d]
+    nb, bs, kvh, d = t.shape
+    return t.reshape(nb * bs, kvh, d)[:seq_len].transpose(0, 1)  # [kvh, seq_len, d]
+
+
+def decode(out, query, key_cache, value_cache, block_tables, seq_lens, scale, alibi_slopes,
+           kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0):
+    """out [num_seqs, num_heads, head_size] <- decode attention over NHD-ordered paged caches
+    [num_blocks, block_size, num_kv_heads, head_size] (any strides, last dim contiguous);
+    the same result as v1 on the same K/V."""
+    op = "decode"
+    kind = validation.check_decode_args(op, out, query, key_cache, value_cache, block_tables,
+                                        seq_lens, scale, alibi_slopes, kv_cache_dtype, k_scale,
+                                        v_scale)
+    validation.check_decode_data(op, key_cache, block_tables, seq_lens)
+    block_size = key_cache.size(1)
+    ks = _scale_value(k_scale, query.device)
+    vs = _scale_value(v_scale, query.device)
+
+    for s, seq_len in enumerate(seq_lens.tolist()):
+        if seq_len == 0:
+            out[s].zero_()
+            continue
+        block_ids = block_tables[s, :math.ceil(seq_len / block_size)].long()
+        k = _gather_sequence_nhd(key_cache, block_ids, seq_len, kind, ks)
+        v = _gather_sequence_nhd(value_cache, block_ids, seq_len, kind, vs)
+        part_max, part_sum, part_out = _partition_states(query[s], k, v, scale, alibi_slopes,
+                                                         seq_len)
+        out[s] = _fold_partitions(part_max, part_sum, part_out).to(out.dtype)
+
+
+def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping,
+                            kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0):
+    """Write token i's key/value [num_kv_heads, head_size] (i < slot_mapping.size(0); rows of
+    key / value past it are padding) into slot slot_mapping[i] (= block * block_size + offset)
+    of the NHD-ordered caches; negative slots are padding and skipped."""
+    op = "reshape_and_cache_flash"
+    kind = validation.check_flash_cache_args(op, key, value, key_cache, value_cache,
+                                             slot_mapping, kv_cache_dtype, k_scale, v_scale)
+    validation.check_flash_cache_data(op, key_cache, slot_mapping)
+    block_size = key_cache.size(1)
+
+    tokens = (slot_mapping >= 0).nonzero().squeeze(1)
+    slots = slot_mapping[tokens]
+    blocks, offsets = slots // block_size, slots % block_size
+    # key_cache[b, o] is [num_kv_heads, head_size]; indexing a view writes through to its storage.
+    key_cache[blocks, offsets] = encode_cache(key[tokens], kind, _scale_value(k_scale, key.device))
+    value_cache[blocks, offsets] = encode_cache(value[tokens], kind,
+                                                _scale_value(v_scale, key.device))

@@ -11,6 +11,8 @@ make_attention_inputs builds inputs that make a wrong kernel fail loudly:
 - optionally a query that is a slice of a wider fused qkv tensor (stride(0) > num_heads*head_size)
   whose other columns are NaN.
 Outputs are allocated pre-filled with NaN to prove every element that must be written is written.
+make_decode_inputs gives the same inputs for decode, the caches NHD-ordered and laid out NHD, HND
+(a transposed view), combined K/V, or with padded strides (DECODE_LAYOUTS).
 """
 
 import dataclasses
@@ -281,3 +283,125 @@ def assert_v2_matches(actual, expected, seq_lens, dtype, kv_cache_dtype="auto"):
                                    rtol=s_rtol, msg=lambda m, n=name: f"{n}: {m}")
     assert_out_matches(actual.tmp_out[mask], expected.tmp_out[mask], dtype, kv_cache_dtype,
                        name="tmp_out")
+
+
+# ---- NHD / HND caches: decode and reshape_and_cache_flash ----
+
+# How a test lays out the NHD-ordered caches decode reads (every one a view, never a copy):
+#   nhd:          K and V each a contiguous [num_blocks, block_size, num_kv_heads, head_size]
+#   hnd:          K and V each a contiguous [num_blocks, num_kv_heads, block_size, head_size],
+#                 passed as cache.transpose(1, 2)
+#   combined:     one [num_blocks, 2, block_size, num_kv_heads, head_size], passed as kv[:, 0],
+#                 kv[:, 1]
+#   combined_hnd: one [num_blocks, 2, num_kv_heads, block_size, head_size], passed as
+#                 kv[:, 0].transpose(1, 2), kv[:, 1].transpose(1, 2)
+#   mixed:        K NHD, V HND (K and V with different strides)
+#   padded:       NHD inside a NaN-filled [num_blocks + 1, block_size, num_kv_heads + 1,
+#                 head_size + 8] tensor (every outer stride unusual, the padding poisoned)
+DECODE_LAYOUTS = ("nhd", "hnd", "combined", "combined_hnd", "mixed", "padded")
+
+
+@dataclasses.dataclass
+class DecodeInputs:
+    query: torch.Tensor  # [num_seqs, num_heads, head_size]
+    key_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_size] (a view)
+    value_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_size] (a view)
+    block_tables: torch.Tensor  # int32 [num_seqs, max_blocks_per_seq]
+    seq_lens: torch.Tensor  # int32 [num_seqs]
+    scale: float
+    alibi_slopes: Optional[torch.Tensor]  # float32 [num_heads] or None
+    kv_cache_dtype: str
+    k_scale: Scale
+    v_scale: Scale
+    layout: str  # one of DECODE_LAYOUTS
+    storage: tuple  # the tensor(s) the cache views live in
+    legacy: AttentionInputs  # the same K/V, query, tables in v1's layout (v1 on it = decode)
+    # shape facts
+    num_seqs: int
+    num_heads: int
+    num_kv_heads: int
+    head_size: int
+    block_size: int
+    num_blocks: int
+    seq_lens_list: List[int]
+    dtype: torch.dtype  # query / out dtype
+
+
+def legacy_to_nhd(key_cache, value_cache):
+    """v1's caches -> the same values NHD-ordered, contiguous:
+    key_cache [nb, kvh, d/x, bs, x] and value_cache [nb, kvh, d, bs] -> [nb, bs, kvh, d] each."""
+    nb, kvh, dx, bs, x = key_cache.shape
+    k = key_cache.permute(0, 3, 1, 2, 4).reshape(nb, bs, kvh, dx * x)
+    v = value_cache.permute(0, 3, 1, 2).contiguous()
+    return k.contiguous(), v
+
+
+def nhd_cache_views(k_nhd, v_nhd, layout):
+    """(key view, value view, storage tuple): k_nhd / v_nhd [nb, bs, kvh, d] copied into the
+    storage `layout` names (DECODE_LAYOUTS) and seen through NHD-ordered views of it. Storage
+    the views do not cover holds NaN (fp8: the NaN byte)."""
+    fill = float("nan") if k_nhd.is_floating_point() else FP8_NAN_BYTE
+    nb, bs, kvh, d = k_nhd.shape
+    full = lambda *shape: torch.full(shape, fill, dtype=k_nhd.dtype, device=k_nhd.device)  # noqa: E731
+    if layout == "nhd":
+        storage = (full(nb, bs, kvh, d), full(nb, bs, kvh, d))
+        views = storage
+    elif layout == "hnd":
+        storage = (full(nb, kvh, bs, d), full(nb, kvh, bs, d))
+        views = tuple(t.transpose(1, 2) for t in storage)
+    elif layout == "combined":
+        storage = (full(nb, 2, bs, kvh, d),)
+        views = (storage[0][:, 0], storage[0][:, 1])
+    elif layout == "combined_hnd":
+        storage = (full(nb, 2, kvh, bs, d),)
+        views = (storage[0][:, 0].transpose(1, 2), storage[0][:, 1].transpose(1, 2))
+    elif layout == "mixed":
+        storage = (full(nb, bs, kvh, d), full(nb, kvh, bs, d))
+        views = (storage[0], storage[1].transpose(1, 2))
+    elif layout == "padded":
+        storage = (full(nb + 1, bs, kvh + 1, d + 8), full(nb + 1, bs, kvh + 1, d + 8))
+        views = tuple(t[1:, :, 1:, 4:4 + d] for t in storage)
+    else:
+        raise ValueError(f"unknown layout {layout!r}; choose from {DECODE_LAYOUTS}")
+    views[0].copy_(k_nhd)
+    views[1].copy_(v_nhd)
+    return views[0], views[1], storage
+
+
+def make_decode_inputs(num_seqs, num_heads, num_kv_heads, head_size, block_size, seq_lens,
+                       layout="nhd", dtype=torch.float32, kv_cache_dtype="auto", use_alibi=False,
+                       device="cpu", seed=0, extra_blocks=3, poison=True, noncontig_query=False,
+                       scale_as_tensor=False):
+    """Random decode inputs: make_attention_inputs' (shuffled block tables with garbage past
+    each row's blocks, NaN in every unused slot and block, fp8 scales != 1, ...) with the caches
+    converted to NHD order and laid out as `layout` says (DECODE_LAYOUTS). head_size must be a
+    multiple of v1's x (16 bytes) so that `legacy` holds the same K/V in v1's layout."""
+    legacy = make_attention_inputs(num_seqs, num_heads, num_kv_heads, head_size, block_size,
+                                   seq_lens, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
+                                   use_alibi=use_alibi, device=device, seed=seed,
+                                   extra_blocks=extra_blocks, poison=poison,
+                                   noncontig_query=noncontig_query,
+                                   scale_as_tensor=scale_as_tensor)
+    k_nhd, v_nhd = legacy_to_nhd(legacy.key_cache, legacy.value_cache)
+    key_cache, value_cache, storage = nhd_cache_views(k_nhd, v_nhd, layout)
+    return DecodeInputs(
+        query=legacy.query, key_cache=key_cache, value_cache=value_cache,
+        block_tables=legacy.block_tables, seq_lens=legacy.seq_lens, scale=legacy.scale,
+        alibi_slopes=legacy.alibi_slopes, kv_cache_dtype=kv_cache_dtype, k_scale=legacy.k_scale,
+        v_scale=legacy.v_scale, layout=layout, storage=storage, legacy=legacy,
+        num_seqs=num_seqs, num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=head_size,
+        block_size=block_size, num_blocks=legacy.num_blocks, seq_lens_list=list(seq_lens),
+        dtype=dtype)
+
+
+def decode_args(inputs):
+    """decode's arguments after `out`, in the schema's order."""
+    i = inputs
+    return (i.query, i.key_cache, i.value_cache, i.block_tables, i.seq_lens, i.scale,
+            i.alibi_slopes, i.kv_cache_dtype, i.k_scale, i.v_scale)
+
+
+def call_decode(op_or_fn, inputs, out):
+    """op_or_fn: torch.ops.paged_attn.decode, reference.decode or fallback.decode."""
+    op_or_fn(out, *decode_args(inputs))
+    return out

@@ -6,11 +6,14 @@ and say the same words (dtypes printed the C++ way: Float, Half, Int, ...), so a
 with one message whichever backend serves it.
 
 Two kinds of check:
-- check_attention_args / check_cache_args: shapes, dtypes, devices, strides. They read NO tensor
-  data, so they run on meta tensors and FakeTensors (the register_fake kernels call them).
-- check_attention_data / check_cache_data: read block_tables / seq_lens / slot_mapping (a host
-  copy, i.e. a sync on CUDA): used block ids in range, 0 <= seq_len <= capacity, v2 scratch large
-  enough, slots in range. Entries of a block table past a row's used blocks are garbage: not read.
+- check_attention_args / check_cache_args (v1, v2, reshape_and_cache) and check_decode_args /
+  check_flash_cache_args (decode, reshape_and_cache_flash: NHD-ordered strided caches): shapes,
+  dtypes, devices, strides. They read NO tensor data, so they run on meta tensors and
+  FakeTensors (the register_fake kernels call them).
+- check_attention_data / check_cache_data and check_decode_data / check_flash_cache_data: read
+  block_tables / seq_lens / slot_mapping (a host copy, i.e. a sync on CUDA): used block ids in
+  range, 0 <= seq_len <= capacity, v2 scratch large enough, slots in range. Entries of a block
+  table past a row's used blocks are garbage: not read.
 """
 
 import math
@@ -82,6 +85,18 @@ def _check_scale(op, s, name, ref, ref_name):
     _check_same_device(op, ref, ref_name, s, name)
 
 
+def _check_cache_dtypes(op, key_cache, value_cache, kind, elem_dtype, elem_name):
+    """Cache elements: the query's / key's dtype for "auto", uint8 bytes for fp8."""
+    for name, t in (("key_cache", key_cache), ("value_cache", value_cache)):
+        if kind == "auto":
+            _require(t.dtype == elem_dtype, op,
+                     f"{name} dtype {_dt(t.dtype)} must match {elem_name} dtype "
+                     f"{_dt(elem_dtype)} for kv_cache_dtype=auto")
+        else:
+            _require(t.dtype == torch.uint8, op,
+                     f"{name} dtype {_dt(t.dtype)} must be uint8 for kv_cache_dtype={kind}")
+
+
 def _check_caches(op, key_cache, value_cache, kind, elem_dtype, elem_name):
     """The cache checks shared by attention and reshape_and_cache (validate.cpp check_caches).
 
@@ -96,14 +111,7 @@ def _check_caches(op, key_cache, value_cache, kind, elem_dtype, elem_name):
     _require(value_cache.dim() == 4, op,
              "value_cache must be 4-D [num_blocks, num_kv_heads, head_size, block_size], "
              f"got shape {_shape(value_cache)}")
-    for name, t in (("key_cache", key_cache), ("value_cache", value_cache)):
-        if kind == "auto":
-            _require(t.dtype == elem_dtype, op,
-                     f"{name} dtype {_dt(t.dtype)} must match {elem_name} dtype "
-                     f"{_dt(elem_dtype)} for kv_cache_dtype=auto")
-        else:
-            _require(t.dtype == torch.uint8, op,
-                     f"{name} dtype {_dt(t.dtype)} must be uint8 for kv_cache_dtype={kind}")
+    _check_cache_dtypes(op, key_cache, value_cache, kind, elem_dtype, elem_name)
     x = 16 // key_cache.element_size()
     _require(key_cache.size(4) == x, op,
              f"key_cache.size(4) must be x = 16 / element size = {x}, got {key_cache.size(4)}")
@@ -191,6 +199,60 @@ def check_blocksparse(op, tp_rank, bs_local, bs_vert, bs_block, bs_step):
                  f"{name} ({value}) must fit in a 32-bit int (|value| <= {_INT32_MAX}) {why}")
 
 
+def _check_query(op, query):
+    """query [num_seqs, num_heads, head_size], fp32/fp16/bf16, last dim contiguous."""
+    _require(query.dim() == 3, op,
+             f"query must be 3-D [num_seqs, num_heads, head_size], got shape {_shape(query)}")
+    _require(query.dtype in QUERY_DTYPES, op,
+             f"query dtype {_dt(query.dtype)} must be float32, float16 or bfloat16")
+    _require(query.stride(2) == 1, op,
+             f"query must have a contiguous last dim (got stride {list(query.stride())})")
+
+
+def _check_heads(op, num_heads, num_kv_heads, where=""):
+    """GQA: every KV head serves the same number of query heads. where: how num_kv_heads was
+    found (decode reads it from the cache)."""
+    _require(num_kv_heads > 0 and num_heads % num_kv_heads == 0, op,
+             f"num_heads ({num_heads}) must be divisible by num_kv_heads ({num_kv_heads}{where})")
+
+
+def _check_tables(op, block_tables, seq_lens, num_seqs):
+    """block_tables int32 [num_seqs, max_blocks_per_seq], seq_lens int32 [num_seqs], contiguous."""
+    _require(block_tables.dtype == torch.int32, op,
+             f"block_tables must be int32, got {_dt(block_tables.dtype)}")
+    _require(seq_lens.dtype == torch.int32, op, f"seq_lens must be int32, got {_dt(seq_lens.dtype)}")
+    _require(block_tables.dim() == 2 and block_tables.size(0) == num_seqs, op,
+             f"block_tables shape {_shape(block_tables)} must be "
+             f"[num_seqs = {num_seqs}, max_blocks_per_seq]")
+    _require(seq_lens.dim() == 1 and seq_lens.size(0) == num_seqs, op,
+             f"seq_lens shape {_shape(seq_lens)} must be [num_seqs = {num_seqs}]")
+    _require(block_tables.is_contiguous(), op, "block_tables must be contiguous")
+    _require(seq_lens.is_contiguous(), op, "seq_lens must be contiguous")
+
+
+def _check_out(op, out, query):
+    """out: the query's shape and dtype, contiguous."""
+    _require(_shape(out) == _shape(query), op,
+             f"out shape {_shape(out)} must be [num_seqs, num_heads, head_size] = {_shape(query)}")
+    _require(out.dtype == query.dtype, op,
+             f"out dtype {_dt(out.dtype)} must match query dtype {_dt(query.dtype)}")
+    _require(out.is_contiguous(), op, "out must be contiguous")
+
+
+def _check_alibi_and_scales(op, alibi_slopes, k_scale, v_scale, query):
+    """alibi_slopes None or float32 [num_heads] contiguous; k_scale / v_scale (_check_scale)."""
+    if alibi_slopes is not None:
+        a = alibi_slopes
+        num_heads = query.size(1)
+        _require(a.dim() == 1 and a.size(0) == num_heads and a.dtype == torch.float32
+                 and a.is_contiguous(), op,
+                 f"alibi_slopes must be a contiguous float32 tensor of shape [num_heads = "
+                 f"{num_heads}], got dtype {_dt(a.dtype)} shape {_shape(a)}")
+        _check_same_device(op, query, "query", a, "alibi_slopes")
+    _check_scale(op, k_scale, "k_scale", query, "query")
+    _check_scale(op, v_scale, "v_scale", query, "query")
+
+
 def check_attention_args(op, out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache,
                          num_kv_heads, scale, block_tables, seq_lens, block_size, max_seq_len,
                          alibi_slopes, kv_cache_dtype, k_scale, v_scale, tp_rank, bs_local,
@@ -204,20 +266,14 @@ def check_attention_args(op, out, exp_sums, max_logits, tmp_out, query, key_cach
     kind = parse_kv_cache_dtype(op, kv_cache_dtype)
 
     # ---- query: [num_seqs, num_heads, head_size], last dim contiguous ----
-    _require(query.dim() == 3, op,
-             f"query must be 3-D [num_seqs, num_heads, head_size], got shape {_shape(query)}")
-    _require(query.dtype in QUERY_DTYPES, op,
-             f"query dtype {_dt(query.dtype)} must be float32, float16 or bfloat16")
-    _require(query.stride(2) == 1, op,
-             f"query must have a contiguous last dim (got stride {list(query.stride())})")
+    _check_query(op, query)
     num_seqs, num_heads, head_size = query.shape
     for name, t in (("out", out), ("key_cache", key_cache), ("value_cache", value_cache),
                     ("block_tables", block_tables), ("seq_lens", seq_lens)):
         _check_same_device(op, query, "query", t, name)
 
     # ---- heads ----
-    _require(num_kv_heads > 0 and num_heads % num_kv_heads == 0, op,
-             f"num_heads ({num_heads}) must be divisible by num_kv_heads ({num_kv_heads})")
+    _check_heads(op, num_heads, num_kv_heads)
 
     # ---- caches ----
     x = _check_caches(op, key_cache, value_cache, kind, query.dtype, "query")
@@ -228,23 +284,10 @@ def check_attention_args(op, out, exp_sums, max_logits, tmp_out, query, key_cach
              f"block_size ({block_size}) does not match key_cache.size(3) ({key_cache.size(3)})")
 
     # ---- block table and lengths ----
-    _require(block_tables.dtype == torch.int32, op,
-             f"block_tables must be int32, got {_dt(block_tables.dtype)}")
-    _require(seq_lens.dtype == torch.int32, op, f"seq_lens must be int32, got {_dt(seq_lens.dtype)}")
-    _require(block_tables.dim() == 2 and block_tables.size(0) == num_seqs, op,
-             f"block_tables shape {_shape(block_tables)} must be "
-             f"[num_seqs = {num_seqs}, max_blocks_per_seq]")
-    _require(seq_lens.dim() == 1 and seq_lens.size(0) == num_seqs, op,
-             f"seq_lens shape {_shape(seq_lens)} must be [num_seqs = {num_seqs}]")
-    _require(block_tables.is_contiguous(), op, "block_tables must be contiguous")
-    _require(seq_lens.is_contiguous(), op, "seq_lens must be contiguous")
+    _check_tables(op, block_tables, seq_lens, num_seqs)
 
     # ---- outputs ----
-    _require(_shape(out) == _shape(query), op,
-             f"out shape {_shape(out)} must be [num_seqs, num_heads, head_size] = {_shape(query)}")
-    _require(out.dtype == query.dtype, op,
-             f"out dtype {_dt(out.dtype)} must match query dtype {_dt(query.dtype)}")
-    _require(out.is_contiguous(), op, "out must be contiguous")
+    _check_out(op, out, query)
     if tmp_out is not None:  # v2 scratch
         _require(tmp_out.dim() == 4, op, f"tmp_out shape {_shape(tmp_out)} must be "
                                          "[num_seqs, num_heads, max_num_partitions, head_size]")
@@ -259,15 +302,7 @@ def check_attention_args(op, out, exp_sums, max_logits, tmp_out, query, key_cach
                        query.dtype, query)
 
     # ---- optional inputs ----
-    if alibi_slopes is not None:
-        a = alibi_slopes
-        _require(a.dim() == 1 and a.size(0) == num_heads and a.dtype == torch.float32
-                 and a.is_contiguous(), op,
-                 f"alibi_slopes must be a contiguous float32 tensor of shape [num_heads = "
-                 f"{num_heads}], got dtype {_dt(a.dtype)} shape {_shape(a)}")
-        _check_same_device(op, query, "query", a, "alibi_slopes")
-    _check_scale(op, k_scale, "k_scale", query, "query")
-    _check_scale(op, v_scale, "v_scale", query, "query")
+    _check_alibi_and_scales(op, alibi_slopes, k_scale, v_scale, query)
     return kind
 
 
@@ -275,7 +310,8 @@ def check_attention_data(op, key_cache, block_tables, seq_lens, block_size, tmp_
     """Data-dependent checks (validate.cpp check_attention_data; reads block_tables and seq_lens,
     a host sync on CUDA). Per row: 0 <= seq_len <= max_blocks_per_seq * block_size, (v2, tmp_out
     given) max_num_partitions >= ceil(seq_len / 512), every USED block id (the first
-    ceil(seq_len / block_size) entries) in [0, num_blocks). Run after check_attention_args."""
+    ceil(seq_len / block_size) entries) in [0, num_blocks). Run after check_attention_args
+    (decode: check_decode_args; num_blocks is key_cache.size(0) in both layouts)."""
     num_blocks = key_cache.size(0)
     capacity = block_tables.size(1) * block_size
     table = block_tables.cpu()
@@ -298,12 +334,9 @@ def check_attention_data(op, key_cache, block_tables, seq_lens, block_size, tmp_
                       f"[0, num_blocks = {num_blocks})")
 
 
-def check_cache_args(op, key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
-                     k_scale, v_scale):
-    """reshape_and_cache shape/dtype/device/stride checks (validate.cpp make_cache_params); reads
-    no data. key, value [num_tokens, num_kv_heads, head_size] (last dim contiguous), slot_mapping
-    int64 [num_tokens], caches as for attention. Returns the cache kind."""
-    kind = parse_kv_cache_dtype(op, kv_cache_dtype)
+def _check_kv_tokens(op, key, value):
+    """key, value [num_tokens, num_kv_heads, head_size]: one shape, one fp32/fp16/bf16 dtype,
+    last dim contiguous (reshape_and_cache and reshape_and_cache_flash)."""
     _require(key.dim() == 3, op,
              f"key shape {_shape(key)} must be [num_tokens, num_kv_heads, head_size]")
     _require(key.dtype in QUERY_DTYPES, op,
@@ -315,6 +348,15 @@ def check_cache_args(op, key, value, key_cache, value_cache, slot_mapping, kv_ca
     _require(key.stride(2) == 1 and value.stride(2) == 1, op,
              f"key and value must have a contiguous last dim (got strides {list(key.stride())} "
              f"and {list(value.stride())})")
+
+
+def check_cache_args(op, key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+                     k_scale, v_scale):
+    """reshape_and_cache shape/dtype/device/stride checks (validate.cpp make_cache_params); reads
+    no data. key, value [num_tokens, num_kv_heads, head_size] (last dim contiguous), slot_mapping
+    int64 [num_tokens], caches as for attention. Returns the cache kind."""
+    kind = parse_kv_cache_dtype(op, kv_cache_dtype)
+    _check_kv_tokens(op, key, value)
     for name, t in (("value", value), ("key_cache", key_cache), ("value_cache", value_cache),
                     ("slot_mapping", slot_mapping)):
         _check_same_device(op, key, "key", t, name)
@@ -335,12 +377,110 @@ def check_cache_args(op, key, value, key_cache, value_cache, slot_mapping, kv_ca
     return kind
 
 
-def check_cache_data(op, key_cache, slot_mapping):
-    """Every slot < num_blocks * block_size (negative: padding, skipped). Reads slot_mapping."""
-    num_slots = key_cache.size(0) * key_cache.size(3)
+def _check_slots(op, slot_mapping, num_slots):
+    """Every slot < num_slots = num_blocks * block_size (negative: padding, skipped)."""
     slots = slot_mapping.cpu()
     bad = (slots >= num_slots).nonzero()
     if bad.numel():
         i = int(bad[0, 0])
         _fail(op, f"slot_mapping[{i}] = {int(slots[i])} is out of range "
                   f"[0, num_blocks * block_size = {num_slots})")
+
+
+def check_cache_data(op, key_cache, slot_mapping):
+    """Every slot < num_blocks * block_size (negative: padding, skipped). Reads slot_mapping."""
+    _check_slots(op, slot_mapping, key_cache.size(0) * key_cache.size(3))
+
+
+# ---- NHD / HND caches: decode and reshape_and_cache_flash (CONTRACT.md "NHD / HND caches") ----
+
+_NHD = "[num_blocks, block_size, num_kv_heads, head_size]"
+
+
+def _check_flash_caches(op, key_cache, value_cache, kind, elem_dtype, elem_name):
+    """key_cache, value_cache NHD-ordered [num_blocks, block_size, num_kv_heads, head_size], one
+    shape, any strides with a contiguous last dim (K and V strides may differ: an HND cache is
+    passed as cache.transpose(1, 2), a combined one as kv[:, 0] / kv[:, 1]), block_size > 0.
+    elem_dtype / elem_name: the query's (decode) or key's (reshape_and_cache_flash) dtype and
+    name. Returns (block_size, num_kv_heads, head_size)."""
+    for name, t in (("key_cache", key_cache), ("value_cache", value_cache)):
+        _require(t.dim() == 4, op,
+                 f"{name} must be 4-D {_NHD} (an HND cache is passed as cache.transpose(1, 2)), "
+                 f"got shape {_shape(t)}")
+    _check_cache_dtypes(op, key_cache, value_cache, kind, elem_dtype, elem_name)
+    _require(_shape(value_cache) == _shape(key_cache), op,
+             f"value_cache shape {_shape(value_cache)} does not match key_cache shape "
+             f"{_shape(key_cache)} (the K and V caches must have one shape {_NHD})")
+    for name, t in (("key_cache", key_cache), ("value_cache", value_cache)):
+        _require(t.stride(3) == 1, op,
+                 f"{name} must have a contiguous last dim (head_size) "
+                 f"(got stride {list(t.stride())})")
+    _check_same_device(op, key_cache, "key_cache", value_cache, "value_cache")
+    _, block_size, num_kv_heads, head_size = key_cache.shape
+    _require(block_size > 0, op, f"block_size (key_cache.size(1) = {block_size}) must be > 0")
+    return block_size, num_kv_heads, head_size
+
+
+def check_decode_args(op, out, query, key_cache, value_cache, block_tables, seq_lens, scale,
+                      alibi_slopes, kv_cache_dtype, k_scale, v_scale):
+    """Shape/dtype/device/stride checks of decode (NHD-ordered strided caches; num_kv_heads and
+    block_size from the cache shape). Reads no tensor data, so it runs on meta tensors and
+    FakeTensors. Returns the cache kind ("auto", "fp8_e4m3" or "fp8_e5m2")."""
+    kind = parse_kv_cache_dtype(op, kv_cache_dtype)
+    _check_query(op, query)
+    num_seqs, num_heads, head_size = query.shape
+    for name, t in (("out", out), ("key_cache", key_cache), ("value_cache", value_cache),
+                    ("block_tables", block_tables), ("seq_lens", seq_lens)):
+        _check_same_device(op, query, "query", t, name)
+    _, num_kv_heads, cache_head_size = _check_flash_caches(op, key_cache, value_cache, kind,
+                                                           query.dtype, "query")
+    _check_heads(op, num_heads, num_kv_heads, ", key_cache.size(2)")
+    _require(head_size == cache_head_size, op,
+             f"head_size ({head_size}) does not match key_cache.size(3) ({cache_head_size})")
+    _check_tables(op, block_tables, seq_lens, num_seqs)
+    _check_out(op, out, query)
+    _check_alibi_and_scales(op, alibi_slopes, k_scale, v_scale, query)
+    return kind
+
+
+def check_decode_data(op, key_cache, block_tables, seq_lens):
+    """decode's data checks (check_attention_data with block_size = key_cache.size(1)): per row
+    0 <= seq_len <= max_blocks_per_seq * block_size and every used block id in
+    [0, num_blocks). Reads block_tables and seq_lens (a host sync on CUDA)."""
+    check_attention_data(op, key_cache, block_tables, seq_lens, key_cache.size(1))
+
+
+def check_flash_cache_args(op, key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+                           k_scale, v_scale):
+    """reshape_and_cache_flash checks (vLLM's contract); reads no data. key, value
+    [num_tokens_padded, num_kv_heads, head_size] (last dim contiguous), slot_mapping int64
+    [num_tokens] with num_tokens <= key.size(0) (vLLM: the rows of key past slot_mapping's are
+    padding and are not read), caches NHD-ordered as for decode. Returns the cache kind."""
+    kind = parse_kv_cache_dtype(op, kv_cache_dtype)
+    _check_kv_tokens(op, key, value)
+    for name, t in (("value", value), ("key_cache", key_cache), ("value_cache", value_cache),
+                    ("slot_mapping", slot_mapping)):
+        _check_same_device(op, key, "key", t, name)
+    _, num_kv_heads, cache_head_size = _check_flash_caches(op, key_cache, value_cache, kind,
+                                                           key.dtype, "key")
+    num_rows, key_heads, head_size = key.shape
+    _require(key_heads == num_kv_heads, op,
+             f"key shape {_shape(key)} does not match key_cache "
+             f"(num_kv_heads = key_cache.size(2) = {num_kv_heads})")
+    _require(head_size == cache_head_size, op,
+             f"head_size ({head_size}) does not match key_cache.size(3) ({cache_head_size})")
+    _require(slot_mapping.dtype == torch.int64, op,
+             f"slot_mapping must be int64, got {_dt(slot_mapping.dtype)}")
+    _require(slot_mapping.dim() == 1 and slot_mapping.size(0) <= num_rows
+             and slot_mapping.is_contiguous(), op,
+             f"slot_mapping shape {_shape(slot_mapping)} must be [num_tokens] with num_tokens "
+             f"<= key.size(0) = {num_rows}, and contiguous")
+    _check_scale(op, k_scale, "k_scale", key, "key")
+    _check_scale(op, v_scale, "v_scale", key, "key")
+    return kind
+
+
+def check_flash_cache_data(op, key_cache, slot_mapping):
+    """Every slot < num_blocks * block_size (block_size = key_cache.size(1); negative: padding,
+    skipped). Reads slot_mapping."""
+    _check_slots(op, slot_mapping, key_cache.size(0) * key_cache.size(1))

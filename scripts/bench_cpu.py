@@ -2,11 +2,13 @@
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python scripts/bench_cpu.py [--shapes llama4k,...] [--reps N]
     .venv/bin/python scripts/bench_cpu.py --variants avx2-fma,avx512,avx512-bf16
+    .venv/bin/python scripts/bench_cpu.py --variants avx512-bf16 --layouts vllm,nhd,hnd
 
 --variants: the kernel's compute per variant instead: one thread, K/V resident in L3 (<= 16 MiB,
 CACHE_SHAPES), variants interleaved in one process, median CPU time (process_time, less
 sensitive to other jobs than wall time) per token per KV head. Compares ISA layers and code
-changes on a shared machine.
+changes on a shared machine. --layouts: the same values in several cache layouts (v1 on vLLM's,
+decode on NHD and on HND), with each layout's time over the first's.
 
 Per shape: median ms over reps after a warm-up, with the last-level cache flushed (a 256 MiB
 buffer read) before every timed call so K/V come from memory; GB/s = bytes that must move (K and V
@@ -101,33 +103,76 @@ def gather_sdpa(inp):
     return torch.stack(out)
 
 
-def compare_variants(variants, rounds=9, calls=5):
-    """Per CACHE_SHAPES row: median CPU ns per token per KV head of each variant."""
+def token_major_caches(inp, layout):
+    """inp's caches (vLLM's layout) copied into a token-major cache [num_blocks, block_size,
+    num_kv_heads, head_size] of the same values: "nhd" as it is, "hnd" stored [num_blocks,
+    num_kv_heads, block_size, head_size] and returned as its transpose(1, 2) view."""
+    kc, vc = inp.key_cache, inp.value_cache
+    nb, kvh, dx, bs, x = kc.shape
+    k = kc.permute(0, 3, 1, 2, 4).reshape(nb, bs, kvh, dx * x)
+    v = vc.permute(0, 3, 1, 2)
+    if layout == "hnd":
+        return k.transpose(1, 2).contiguous().transpose(1, 2), v.transpose(1, 2).contiguous().transpose(1, 2)
+    return k.contiguous(), v.contiguous()
+
+
+def layout_call(inp, layout):
+    """The attention call on inp's values in one cache layout: "vllm" (v1 on vLLM's layout),
+    "v2" (v2 on it), "nhd" / "hnd" (decode on a token-major copy of the same bytes)."""
+    if layout == "v2":
+        outs = testing.alloc_v2_outputs(inp)
+        return lambda: testing.call_v2(torch.ops.paged_attn.v2, inp, outs)
+    out = testing.alloc_v1_outputs(inp)
+    if layout == "vllm":
+        return lambda: testing.call_v1(torch.ops.paged_attn.v1, inp, out)
+    k, v = token_major_caches(inp, layout)
+    return lambda: torch.ops.paged_attn.decode(out, inp.query, k, v, inp.block_tables,
+                                               inp.seq_lens, inp.scale, inp.alibi_slopes,
+                                               inp.kv_cache_dtype, inp.k_scale, inp.v_scale)
+
+
+def compare_variants(variants, layouts=("v2",), shapes=None, rounds=9, calls=5):
+    """Per CACHE_SHAPES row: median CPU ns per token per KV head of each variant and layout
+    (same values, same bytes), interleaved round by round."""
     torch.set_num_threads(1)
-    print(f"1 thread, K/V in cache, CPU time; {rounds} rounds x {calls} calls, variants interleaved")
-    print(f"{'shape':11} " + " ".join(f"{v:>12}" for v in variants) + "   (ns / token / KV head)")
+    print(f"1 thread, K/V in cache, CPU time; {rounds} rounds x {calls} calls, variants and "
+          f"layouts interleaved")
+    cols = [(v, lay) for v in variants for lay in layouts]
+    heads = [v if len(layouts) == 1 else f"{v}:{lay}" for v, lay in cols]
+    print(f"{'shape':11} " + " ".join(f"{h:>16}" for h in heads) + "   (ns / token / KV head)")
     for name, (ns, nh, nkv, d, bs, ctx, dt, kv) in CACHE_SHAPES.items():
+        if shapes and name not in shapes:
+            continue
         inp = testing.make_attention_inputs(ns, nh, nkv, d, bs, [ctx] * ns,
                                             dtype=getattr(torch, dt), kv_cache_dtype=kv)
-        outs = testing.alloc_v2_outputs(inp)
-        times = {v: [] for v in variants}
+        calls_of = {lay: layout_call(inp, lay) for lay in layouts}
+        times = {c: [] for c in cols}
         for _ in range(rounds):
-            for v in variants:
+            for v, lay in cols:
                 os.environ["PAGED_ATTN_CPU_KERNEL"] = v
-                testing.call_v2(torch.ops.paged_attn.v2, inp, outs)
+                fn = calls_of[lay]
+                fn()
                 t0 = time.process_time()
                 for _ in range(calls):
-                    testing.call_v2(torch.ops.paged_attn.v2, inp, outs)
-                times[v].append((time.process_time() - t0) / calls)
+                    fn()
+                times[(v, lay)].append((time.process_time() - t0) / calls)
         per_token = 1e9 / (ns * ctx * nkv)
-        print(f"{name:11} " + " ".join(f"{statistics.median(times[v]) * per_token:12.1f}"
-                                       for v in variants), flush=True)
+        med = {c: statistics.median(times[c]) * per_token for c in cols}
+        line = f"{name:11} " + " ".join(f"{med[c]:16.1f}" for c in cols)
+        if len(layouts) > 1:  # each layout's time / the first layout's, per variant
+            line += "   " + " ".join(f"{v}:{lay}/{layouts[0]} {med[(v, lay)] / med[(v, layouts[0])]:.3f}"
+                                     for v, lay in cols if lay != layouts[0])
+        print(line, flush=True)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--variants", help="comma-separated CPU kernel variants: compare their "
                     "compute in cache (see the docstring) instead of the default benchmark")
+    ap.add_argument("--layouts", default="v2", help="with --variants: comma-separated cache "
+                    "layouts timed on the same values: v2 / vllm (v1 / v2 on vLLM's layout), nhd, "
+                    "hnd (decode on a token-major copy)")
+    ap.add_argument("--cache-shapes", help="with --variants: CACHE_SHAPES rows to run (default all)")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--reps", type=int, default=15)
@@ -135,7 +180,8 @@ def main():
     ap.add_argument("--op", default="v2", choices=["v1", "v2"])
     args = ap.parse_args()
     if args.variants:
-        return compare_variants(args.variants.split(","))
+        return compare_variants(args.variants.split(","), args.layouts.split(","),
+                                args.cache_shapes.split(",") if args.cache_shapes else None)
     bw = measure_bandwidth()
     print(f"threads={torch.get_num_threads()} OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']} "
           f"read bandwidth {bw:.1f} GB/s")

@@ -1,5 +1,6 @@
-"""Bad input: one case per rule of docs/DESIGN.md's bad-input table, each a ValueError whose
-message matches the table's regex, for two backends:
+"""Bad input: one case per rule of docs/DESIGN.md's bad-input table and op (v1, v2,
+reshape_and_cache, decode, reshape_and_cache_flash), each a ValueError whose message matches the
+table's regex, for two backends:
   reference: paged_attention_ext.reference called directly (the Python checks, validation.py);
   ops:       torch.ops.paged_attn.* (whatever is registered for the CPU: the compiled kernel's
              C++ checks, or the Python implementation).
@@ -20,9 +21,12 @@ from paged_attention_ext import backends, reference, testing
 
 BACKENDS = ["reference", "ops"]
 REF_FNS = {"v1": reference.paged_attention_v1, "v2": reference.paged_attention_v2,
-           "reshape_and_cache": reference.reshape_and_cache}
+           "reshape_and_cache": reference.reshape_and_cache, "decode": reference.decode,
+           "reshape_and_cache_flash": reference.reshape_and_cache_flash}
 MUTATED = {"v1": ("out",), "v2": ("out", "exp_sums", "max_logits", "tmp_out"),
-           "reshape_and_cache": ("key_cache", "value_cache")}
+           "reshape_and_cache": ("key_cache", "value_cache"), "decode": ("out",),
+           "reshape_and_cache_flash": ("key_cache", "value_cache")}
+OPS = list(REF_FNS)
 
 # The valid baseline: 2 rows (one spanning 2 partitions), 4 query heads over 2 KV heads,
 # head_size 32, blocks of 8, fp32, garbage past each row's used blocks.
@@ -62,8 +66,35 @@ def cache_args(op):
                 kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0)
 
 
+def decode_args(op):
+    """decode's arguments (schema order): the attention baseline with its caches NHD-ordered,
+    seen through the transposed view of HND caches (so every case also runs on strided caches)."""
+    assert op == "decode"
+    i = testing.make_decode_inputs(2, 4, 2, 32, 8, SEQ_LENS, layout="hnd", seed=0)
+    return dict(out=testing.alloc_v1_outputs(i), query=i.query, key_cache=i.key_cache,
+                value_cache=i.value_cache, block_tables=i.block_tables, seq_lens=i.seq_lens,
+                scale=i.scale, alibi_slopes=None, kv_cache_dtype="auto", k_scale=1.0,
+                v_scale=1.0)
+
+
+def flash_cache_args(op):
+    """reshape_and_cache_flash arguments: 5 tokens (one padding) of a key with 6 rows (the last
+    one CUDA-graph padding, vLLM's num_tokens = slot_mapping.size(0)) into NaN caches of 4 blocks
+    of 8, HND storage passed as its NHD view."""
+    assert op == "reshape_and_cache_flash"
+    return dict(key=torch.randn(6, 2, 32), value=torch.randn(6, 2, 32),
+                key_cache=torch.full((4, 2, 8, 32), float("nan")).transpose(1, 2),
+                value_cache=torch.full((4, 2, 8, 32), float("nan")).transpose(1, 2),
+                slot_mapping=torch.tensor([3, 17, -1, 31, 0], dtype=torch.int64),
+                kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0)
+
+
+_MAKE_ARGS = {"v1": attention_args, "v2": attention_args, "reshape_and_cache": cache_args,
+              "decode": decode_args, "reshape_and_cache_flash": flash_cache_args}
+
+
 def make_args(op):
-    return cache_args(op) if op == "reshape_and_cache" else attention_args(op)
+    return _MAKE_ARGS[op](op)
 
 
 # ---- mutation helpers ----
@@ -276,7 +307,119 @@ CASES = [
          set_("key", lambda t: t[:, 0])),
     case(r"(key|value) shape", "value_shape", "reshape_and_cache", r"value shape",
          set_("value", lambda t: t[:, :1].contiguous())),
+    case(r"slot_mapping shape", "slot_mapping_shape", "reshape_and_cache",
+         r"slot_mapping shape \[4\] must be \[num_tokens = 5\]",
+         set_("slot_mapping", lambda t: t[:4].contiguous())),
 ]
+
+# decode and reshape_and_cache_flash (NHD-ordered strided caches): the rules they share with
+# v1 / reshape_and_cache, and their own.
+NHD_ROW = r"(key_cache|value_cache) must be 4-D"
+BLOCK_SIZE_0_ROW = r"block_size \(key_cache.size\(1\) = \d+\) must be > 0"
+DECODE_CASES = [
+    case(r"block_tables must be int32", "block_tables_int64", "decode",
+         r"block_tables must be int32", set_("block_tables", torch.Tensor.long)),
+    case(r"seq_lens must be int32", "seq_lens_int64", "decode", r"seq_lens must be int32",
+         set_("seq_lens", torch.Tensor.long)),
+    case(r"slot_mapping must be int64", "slot_mapping_int32", "reshape_and_cache_flash",
+         r"slot_mapping must be int64", set_("slot_mapping", torch.Tensor.int)),
+    case(r"num_heads \(\d+\) must be divisible by num_kv_heads", "heads_not_divisible", "decode",
+         r"num_heads \(3\) must be divisible by num_kv_heads \(2, key_cache.size\(2\)\)",
+         set_("query", lambda t: t[:, :3])),
+    case(r"head_size \(\d+\) does not match (key_cache|value_cache)", "head_size_vs_cache",
+         "decode", r"head_size \(64\) does not match key_cache.size\(3\) \(32\)",
+         lambda a: with_head_size(a, 64)),
+    case(r"head_size \(\d+\) does not match (key_cache|value_cache)", "head_size_vs_cache",
+         "reshape_and_cache_flash", r"head_size \(64\)",
+         chain(set_("key", lambda t: torch.randn(6, 2, 64)),
+               set_("value", lambda t: torch.randn(6, 2, 64)))),
+    case(r"value_cache .* key_cache", "num_blocks_differ", "decode", r"value_cache shape",
+         set_("value_cache", lambda t: t[:-1])),
+    case(r"value_cache .* key_cache", "heads_differ", "reshape_and_cache_flash",
+         r"value_cache shape", set_("value_cache", lambda t: t[:, :, :1])),
+    case(NHD_ROW, "legacy_5d_key_cache", "decode", r"key_cache must be 4-D",
+         set_("key_cache", lambda t: t.unsqueeze(0))),
+    case(NHD_ROW, "value_cache_3d", "reshape_and_cache_flash", r"value_cache must be 4-D",
+         set_("value_cache", lambda t: t[0])),
+    case(BLOCK_SIZE_0_ROW, "block_size_0", "decode", r"= 0\) must be > 0",
+         chain(set_("key_cache", lambda t: t[:, :0]), set_("value_cache", lambda t: t[:, :0]))),
+    case(BLOCK_SIZE_0_ROW, "block_size_0", "reshape_and_cache_flash", r"= 0\) must be > 0",
+         chain(set_("key_cache", lambda t: t[:, :0]), set_("value_cache", lambda t: t[:, :0]))),
+    case(DTYPE_ROW, "out_dtype", "decode", r"^paged_attn.decode: out dtype", set_("out", FP16)),
+    case(DTYPE_ROW, "key_cache_dtype", "decode", r"key_cache dtype", set_("key_cache", FP16)),
+    case(DTYPE_ROW, "key_dtype", "reshape_and_cache_flash",
+         r"^paged_attn.reshape_and_cache_flash: key dtype",
+         chain(set_("key", torch.Tensor.double), set_("value", torch.Tensor.double))),
+    case(DTYPE_ROW, "value_cache_dtype", "reshape_and_cache_flash", r"value_cache dtype",
+         set_("value_cache", FP16)),
+    case(r"query dtype", "query_dtype", "decode", r"query dtype",
+         set_("query", torch.Tensor.double)),
+    case(r"must be uint8 for kv_cache_dtype", "fp8_cache_not_uint8", "decode", r"key_cache",
+         set_("kv_cache_dtype", "fp8")),
+    case(r"must be uint8 for kv_cache_dtype", "fp8_cache_not_uint8", "reshape_and_cache_flash",
+         r"key_cache", set_("kv_cache_dtype", "fp8_e4m3")),
+    case(r"unknown kv_cache_dtype", "unknown_kv_cache_dtype", "decode", r"'fp16'",
+         set_("kv_cache_dtype", "fp16")),
+    case(r"unknown kv_cache_dtype", "unknown_kv_cache_dtype", "reshape_and_cache_flash",
+         r"'int8'", set_("kv_cache_dtype", "int8")),
+    case(r"(out|exp_sums|max_logits|tmp_out) shape", "out_shape", "decode", r"out shape",
+         set_("out", lambda t: t[:, :3].contiguous())),
+    case(CONTIG_ROW, "out_contiguous", "decode", r"out must be contiguous",
+         set_("out", noncontig_copy)),
+    case(CONTIG_ROW, "block_tables_contiguous", "decode", r"block_tables must be contiguous",
+         set_("block_tables", noncontig_copy)),
+    case(CONTIG_ROW, "seq_lens_contiguous", "decode", r"seq_lens must be contiguous",
+         set_("seq_lens", noncontig_copy)),
+    case(CONTIG_ROW, "query_last_dim_stride", "decode", r"query .*stride",
+         set_("query", noncontig_copy)),
+    case(CONTIG_ROW, "key_cache_last_dim_stride", "decode",
+         r"key_cache must have a contiguous last dim", set_("key_cache", noncontig_copy)),
+    case(CONTIG_ROW, "value_cache_last_dim_stride", "reshape_and_cache_flash",
+         r"value_cache must have a contiguous last dim", set_("value_cache", noncontig_copy)),
+    case(CONTIG_ROW, "value_last_dim_stride", "reshape_and_cache_flash", r"value .*stride",
+         set_("value", noncontig_copy)),
+    case(r"device", "device_value_cache", "decode", r"value_cache is on device",
+         set_("value_cache", META)),
+    case(r"device", "device_seq_lens", "decode", r"seq_lens is on device",
+         set_("seq_lens", META)),
+    case(r"device", "device_key_cache", "reshape_and_cache_flash", r"key_cache is on device",
+         set_("key_cache", META)),
+    case(r"alibi_slopes", "alibi_shape", "decode", r"alibi_slopes",
+         set_("alibi_slopes", torch.zeros(3))),
+    case(r"k_scale", "k_scale_two_elements", "decode", r"k_scale",
+         both_scales(torch.ones(2), torch.ones(()))),
+    case(r"k_scale", "v_scale_float64", "reshape_and_cache_flash", r"v_scale",
+         both_scales(torch.ones(()), torch.ones((), dtype=torch.float64))),
+    case(r"block_tables shape", "block_tables_shape", "decode", r"block_tables shape",
+         set_("block_tables", lambda t: t[:1].contiguous())),
+    case(r"block_tables shape", "seq_lens_shape", "decode", r"seq_lens shape",
+         set_("seq_lens", lambda t: t.repeat(2))),
+    case(r"block_tables.* out of range", "block_id_too_large", "decode",
+         r"block_tables\[1, 1\]",
+         lambda a: poke("block_tables", (1, 1), a["key_cache"].shape[0])(a)),
+    case(r"block_tables.* out of range", "block_id_negative", "decode",
+         r"block_tables\[0, 64\] = -1", poke("block_tables", (0, 64), -1)),
+    case(r"seq_lens.* negative", "seq_len_negative", "decode", r"seq_lens\[1\] = -1",
+         poke("seq_lens", 1, -1)),
+    case(r"seq_lens.* exceeds", "seq_len_exceeds_table", "decode", r"seq_lens\[1\]",
+         lambda a: poke("seq_lens", 1, a["block_tables"].shape[1] * 8 + 1)(a)),
+    case(r"slot_mapping.* out of range", "slot_out_of_range", "reshape_and_cache_flash",
+         r"slot_mapping\[1\] = 32", poke("slot_mapping", 1, 4 * 8)),
+    case(r"(key|value) shape", "key_shape", "reshape_and_cache_flash", r"key shape",
+         set_("key", lambda t: t[:, 0])),
+    case(r"(key|value) shape", "key_heads_vs_cache", "reshape_and_cache_flash",
+         r"key shape .* does not match key_cache \(num_kv_heads = key_cache.size\(2\) = 2\)",
+         chain(set_("key", lambda t: torch.randn(6, 1, 32)),
+               set_("value", lambda t: torch.randn(6, 1, 32)))),
+    case(r"(key|value) shape", "value_shape", "reshape_and_cache_flash", r"value shape",
+         set_("value", lambda t: t[:5].contiguous())),
+    case(r"slot_mapping shape", "more_slots_than_key_rows", "reshape_and_cache_flash",
+         r"slot_mapping shape \[7\] must be \[num_tokens\] with num_tokens <= key.size\(0\) = 6",
+         set_("slot_mapping", lambda t: torch.cat([t, t[:2]]))),
+    case(r"slot_mapping shape", "slot_mapping_contiguous", "reshape_and_cache_flash",
+         r"slot_mapping shape .* contiguous", set_("slot_mapping", noncontig_copy)),
+]
+CASES += DECODE_CASES
 
 
 def _snapshot(args, op):
@@ -292,13 +435,16 @@ def _assert_untouched(args, before):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("op", ["v1", "v2", "reshape_and_cache"])
+@pytest.mark.parametrize("op", OPS)
 def test_valid_baseline_is_accepted(backend, op):
     """Without this, every case below could pass by rejecting a call that was already bad."""
     args = make_args(op)
     _fn(backend, op)(*args.values())
     if op == "reshape_and_cache":
         assert not args["key_cache"][0, :, :, 3].isnan().any()  # slot 3 written
+    elif op == "reshape_and_cache_flash":
+        assert not args["key_cache"][0, 3].isnan().any()  # slot 3 written
+        assert not args["value_cache"][3, 7].isnan().any()  # slot 31 written
     else:
         assert not args["out"].isnan().any()
 

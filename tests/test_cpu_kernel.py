@@ -7,6 +7,9 @@ skipped with the reason (the NEON variant is also run under qemu by tests/test_c
 with a sharp softmax, shuffled block tables with garbage past each row, NaN in every cache slot
 no sequence uses, outputs pre-filled with NaN. v2 is compared on all four outputs (scratch only
 in the partitions a row has), v1 on `out`; reshape_and_cache bit for bit.
+decode runs on token-major caches (testing.DECODE_LAYOUTS: NHD, HND as a transposed view, K and V
+of a combined tensor, mixed, padded strides) against reference.decode, and against v1 on the same
+K/V in vLLM's layout; reshape_and_cache_flash bit for bit against its oracle.
 """
 
 import threading
@@ -204,3 +207,127 @@ def test_cache_then_attend_round_trip(kernel):
     inp.seq_lens_list = [n + 1 for n in inp.seq_lens_list]
     inp.max_seq_len += 1
     check_v1_v2(inp)
+
+
+# ---- decode: token-major caches (core/kv_layout.h), the kernel's second form ----
+
+# (dtype, kv_cache_dtype, num_heads, num_kv_heads, head_size, block_size, seq_lens, alibi)
+DECODE_CASES = [
+    (torch.float32, "auto", 8, 2, 128, 16, [1, 511, 0, 513, 1537], False),  # GQA 4, 4 partitions
+    (torch.bfloat16, "auto", 12, 2, 256, 16, [700, 33], True),  # GQA 6, ALiBi
+    (torch.float16, "auto", 8, 8, 80, 5, [511, 1030], False),  # MHA, odd block size, 80 = 5 x 16
+    (torch.float32, "auto", 8, 1, 64, 1, [300, 0, 77], True),  # MQA, block size 1
+    (torch.float32, "auto", 6, 2, 20, 32, [77, 600], False),  # head 20: a 4-dim tail row
+    (torch.bfloat16, "auto", 4, 1, 40, 7, [513, 5], False),  # head 40: an 8-dim tail, bs 7
+    (torch.float32, "fp8", 8, 2, 64, 16, [300, 1025], True),  # fp8 e4m3
+    (torch.bfloat16, "fp8_e4m3", 6, 1, 128, 8, [1, 600], False),
+    (torch.float16, "fp8_e5m2", 4, 2, 48, 3, [77, 513], False),  # odd block size
+    (torch.bfloat16, "fp8_e5m2", 8, 2, 112, 16, [1100, 2], True),
+]
+# every case on NHD and HND; the other layouts spread over the cases
+DECODE_PARAMS = [(c, lay) for i, c in enumerate(DECODE_CASES)
+                 for lay in ("nhd", "hnd", testing.DECODE_LAYOUTS[2 + i % 4])]
+
+
+def check_decode(inp):
+    """decode (kernel) against reference.decode and against v1 (kernel) on the same K/V in
+    vLLM's layout; out pre-filled with NaN."""
+    fill = torch.full((inp.num_seqs, inp.num_heads, inp.head_size), float("nan"), dtype=inp.dtype)
+    got = testing.call_decode(OPS.decode, inp, fill.clone())
+    want = testing.call_decode(reference.decode, inp, fill.clone())
+    testing.assert_out_matches(got, want, inp.dtype, inp.kv_cache_dtype, name="decode out")
+    v1 = testing.call_v1(OPS.v1, inp.legacy, testing.alloc_v1_outputs(inp.legacy))
+    testing.assert_out_matches(got, v1, inp.dtype, inp.kv_cache_dtype, name="decode vs v1")
+
+
+@pytest.mark.parametrize("case,layout", DECODE_PARAMS,
+                         ids=[f"{str(c[0])[6:]}-{c[1]}-h{c[2]}/{c[3]}-d{c[4]}-bs{c[5]}"
+                              f"{'-alibi' if c[7] else ''}-{lay}" for c, lay in DECODE_PARAMS])
+def test_decode_matches_oracle(kernel, case, layout):
+    dtype, kv, nh, nkv, d, bs, lens, alibi = case
+    inp = testing.make_decode_inputs(len(lens), nh, nkv, d, bs, lens, layout=layout, dtype=dtype,
+                                     kv_cache_dtype=kv, use_alibi=alibi, seed=len(lens) + d)
+    if layout == "mixed":
+        assert inp.key_cache.stride() != inp.value_cache.stride()  # K and V strides differ
+    check_decode(inp)
+
+
+@pytest.mark.parametrize("scale_as_tensor", [False, True])
+def test_decode_scale_overloads_and_fused_query(kernel, scale_as_tensor):
+    inp = testing.make_decode_inputs(3, 8, 2, 64, 16, [100, 1100, 3], layout="combined_hnd",
+                                     dtype=torch.float32, kv_cache_dtype="fp8_e5m2",
+                                     noncontig_query=True, scale_as_tensor=scale_as_tensor, seed=7)
+    assert inp.query.stride(0) > inp.num_heads * inp.head_size
+    check_decode(inp)
+
+
+def test_decode_all_rows_empty(kernel):
+    inp = testing.make_decode_inputs(2, 4, 2, 32, 16, [0, 0], layout="hnd", seed=3)
+    out = testing.call_decode(OPS.decode, inp, torch.full((2, 4, 32), float("nan")))
+    assert torch.equal(out, torch.zeros_like(out))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["nhd", "hnd"])
+def test_decode_long_rows(kernel, layout):
+    inp = testing.make_decode_inputs(2, 8, 2, 128, 16, [5000, 4097], layout=layout,
+                                     dtype=torch.bfloat16, use_alibi=True, seed=11)
+    check_decode(inp)
+
+
+def _flash_caches(layout, num_blocks, bs, kvh, d, cache_dtype, seed):
+    """Random token-major caches (views as testing.nhd_cache_views lays them out)."""
+    g = torch.Generator().manual_seed(seed)
+    if cache_dtype == torch.uint8:
+        k = torch.randint(0, 256, (num_blocks, bs, kvh, d), generator=g).to(torch.uint8)
+        v = torch.randint(0, 256, (num_blocks, bs, kvh, d), generator=g).to(torch.uint8)
+    else:
+        k = torch.randn(num_blocks, bs, kvh, d, generator=g).to(cache_dtype)
+        v = torch.randn(num_blocks, bs, kvh, d, generator=g).to(cache_dtype)
+    kc, vc, _ = testing.nhd_cache_views(k, v, layout)
+    return kc, vc
+
+
+@pytest.mark.parametrize("dtype,kv", [(torch.float32, "auto"), (torch.bfloat16, "auto"),
+                                      (torch.float16, "auto"), (torch.float32, "fp8"),
+                                      (torch.bfloat16, "fp8_e4m3"), (torch.float16, "fp8_e5m2")])
+@pytest.mark.parametrize("layout", testing.DECODE_LAYOUTS)
+def test_reshape_and_cache_flash_bit_exact(dtype, kv, layout):
+    """key / value with more rows than slot_mapping (vLLM: the rest is padding, never read: NaN
+    there), slices of a fused tensor; negative slots skipped; fp8 saturated."""
+    num_rows, num_tokens, kvh, d, bs, num_blocks = 41, 37, 2, 48, 5, 11
+    g = torch.Generator().manual_seed(5)
+    fused = torch.randn(num_rows, (4 + 2 * kvh) * d, generator=g) * 30  # fp8 saturates too
+    fused[num_tokens:] = float("nan")  # padding rows
+    fused[0, 4 * d] = float("nan")
+    fused = fused.to(dtype)
+    key = fused[:, 4 * d:(4 + kvh) * d].view(num_rows, kvh, d)
+    value = fused[:, (4 + kvh) * d:].view(num_rows, kvh, d)
+    slots = torch.randperm(num_blocks * bs, generator=g)[:num_tokens]
+    slots[::4] = -1
+    kc, vc = _flash_caches(layout, num_blocks, bs, kvh, d, dtype if kv == "auto" else torch.uint8,
+                           seed=6)
+    want_k, want_v = kc.clone(), vc.clone()
+    for k_scale, v_scale in ((0.37, 1.9), (torch.tensor(0.37), torch.tensor(1.9))):
+        reference.reshape_and_cache_flash(key, value, want_k, want_v, slots, kv, k_scale, v_scale)
+        OPS.reshape_and_cache_flash(key, value, kc, vc, slots, kv, k_scale, v_scale)
+        assert torch.equal(kc.view(torch.uint8), want_k.view(torch.uint8))
+        assert torch.equal(vc.view(torch.uint8), want_v.view(torch.uint8))
+
+
+def test_flash_cache_then_decode_round_trip(kernel):
+    """Tokens appended with reshape_and_cache_flash into an HND cache (a view), then read back by
+    decode: the oracle's output on the same cache."""
+    inp = testing.make_decode_inputs(2, 8, 2, 64, 16, [40, 90], layout="hnd",
+                                     dtype=torch.bfloat16, seed=9)
+    g = torch.Generator().manual_seed(1)
+    new_k = torch.randn(2, 2, 64, generator=g).to(torch.bfloat16)
+    new_v = torch.randn(2, 2, 64, generator=g).to(torch.bfloat16)
+    slots = [int(inp.block_tables[s, n // 16]) * 16 + n % 16 for s, n in enumerate(inp.seq_lens_list)]
+    OPS.reshape_and_cache_flash(new_k, new_v, inp.key_cache, inp.value_cache, torch.tensor(slots))
+    inp.seq_lens += 1
+    inp.seq_lens_list = [n + 1 for n in inp.seq_lens_list]
+    fill = torch.full((2, 8, 64), float("nan"), dtype=torch.bfloat16)
+    got = testing.call_decode(OPS.decode, inp, fill.clone())
+    want = testing.call_decode(reference.decode, inp, fill.clone())
+    testing.assert_out_matches(got, want, torch.bfloat16)

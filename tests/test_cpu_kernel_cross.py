@@ -5,12 +5,14 @@ scripts/cross_test.sh builds and runs the driver; this file writes its cases and
 
 Cases come from paged_attention_ext.testing (shuffled block tables with garbage past each row,
 NaN in every cache slot no sequence uses, fp8 k/v scales != 1); the expected `out` from the oracle
-reference.paged_attention_v2, with testing.tolerances. One little-endian file per case:
-  "PACASE1\\0", int64[16] (see HEADER_INTS), float32[5] (scale k_scale v_scale atol rtol), name,
+reference.paged_attention_v2 (vLLM's cache layout) or reference.decode (token-major caches:
+testing.DECODE_LAYOUTS), with testing.tolerances. One little-endian file per case:
+  "PACASE2\\0", int64[21] (see HEADER_INTS), float32[5] (scale k_scale v_scale atol rtol), name,
   query fp32 [S,H,D] | K cache raw bytes | V cache raw bytes | block_tables int32 [S,M] |
   seq_lens int32 [S] | alibi fp32 [H] (if has_alibi) | expected out fp32 [S,H,D]
 The cache bytes run from the cache's first element to the end of its storage (a strided view
-keeps its strides: kv_block_stride / kv_head_stride in the header).
+keeps its strides: kv_form (core/kv_layout.h KvForm) and each cache's block / head / token
+strides in the header).
 
 Also a script: `python tests/test_cpu_kernel_cross.py DIR` writes the cases to DIR.
 """
@@ -30,10 +32,11 @@ sys.path.insert(0, ROOT)  # run as a script from anywhere
 from paged_attention_ext import reference, testing  # noqa: E402
 from paged_attention_ext.validation import parse_kv_cache_dtype  # noqa: E402
 
-MAGIC = b"PACASE1\0"
+MAGIC = b"PACASE2\0"
 HEADER_INTS = ("scalar_kind", "cache_kind", "num_seqs", "num_heads", "num_kv_heads", "head_size",
-               "block_size", "x", "max_blocks_per_seq", "num_blocks", "has_alibi",
-               "kv_block_stride", "kv_head_stride", "k_bytes", "v_bytes", "name_len")
+               "block_size", "x", "max_blocks_per_seq", "num_blocks", "has_alibi", "kv_form",
+               "k_block_stride", "k_head_stride", "k_token_stride", "v_block_stride",
+               "v_head_stride", "v_token_stride", "k_bytes", "v_bytes", "name_len")
 SCALAR_KIND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # params.h ScalarKind
 CACHE_KIND = {"auto": 0, "fp8_e4m3": 1, "fp8_e5m2": 2}  # params.h CacheKind
 
@@ -56,7 +59,16 @@ CASES = [
     (F32, "auto", 8, 2, 64, 16, [1, 600, 1025], False, "head_padding"),  # outer strides
     (BF16, "fp8_e4m3", 8, 2, 64, 16, [1, 600, 1025], False, "blocks_interleaved"),
     (F32, "auto", 4, 2, 32, 16, [0, 0], False, None),  # every row empty: zeros
+    # token-major caches (decode): the kernel's second form
+    (F32, "auto", 8, 2, 128, 16, [1, 511, 0, 1537], False, "nhd"),  # GQA 4
+    (BF16, "auto", 12, 2, 256, 16, [700, 33], True, "hnd"),  # GQA 6, ALiBi
+    (F16, "auto", 8, 8, 80, 5, [511, 1030], False, "combined"),  # MHA, odd block size
+    (F32, "auto", 6, 2, 20, 32, [77, 600], False, "mixed"),  # head 20: 4-dim tail, K != V strides
+    (BF16, "auto", 4, 1, 40, 7, [513, 5], False, "combined_hnd"),  # head 40: 8-dim tail
+    (F32, "fp8", 8, 2, 64, 1, [300, 77], True, "padded"),  # e4m3, block size 1
+    (BF16, "fp8_e5m2", 8, 1, 112, 16, [1100, 2], False, "hnd"),
 ]
+KV_FORM = {"vllm": 0, "token_major": 1}  # core/kv_layout.h KvForm
 
 
 def case_name(i, c):
@@ -72,23 +84,39 @@ def storage_bytes(t):
 
 
 def write_case(path, name, inp):
-    want = testing.call_v2(reference.paged_attention_v2, inp, testing.alloc_v2_outputs(inp)).out
+    """inp: testing.AttentionInputs (vLLM's layout) or testing.DecodeInputs (token-major)."""
+    token_major = isinstance(inp, testing.DecodeInputs)
+    if token_major:
+        out = torch.full((inp.num_seqs, inp.num_heads, inp.head_size), float("nan"),
+                         dtype=inp.dtype)
+        want = testing.call_decode(reference.decode, inp, out)
+    else:
+        want = testing.call_v2(reference.paged_attention_v2, inp,
+                               testing.alloc_v2_outputs(inp)).out
     atol, rtol = testing.tolerances(inp.dtype, inp.kv_cache_dtype)
     k, v = inp.key_cache, inp.value_cache
-    assert k.stride()[:2] == v.stride()[:2], "K and V must share block / head strides"
+    # token-major [blocks, block_size, kv_heads, d]; vLLM's K [blocks, kv_heads, ...] (its token
+    # stride follows from its contiguous inner dims: written as 0)
+    strides = {"k": (k.stride(0), k.stride(2), k.stride(1)) if token_major
+               else (k.stride(0), k.stride(1), 0),
+               "v": (v.stride(0), v.stride(2), v.stride(1)) if token_major
+               else (v.stride(0), v.stride(1), 0)}
     kb, vb = storage_bytes(k), storage_bytes(v)
     ints = dict(scalar_kind=SCALAR_KIND[inp.dtype],
                 cache_kind=CACHE_KIND[parse_kv_cache_dtype("cross", inp.kv_cache_dtype)],
                 num_seqs=inp.num_seqs, num_heads=inp.num_heads, num_kv_heads=inp.num_kv_heads,
                 head_size=inp.head_size, block_size=inp.block_size, x=16 // k.element_size(),
                 max_blocks_per_seq=inp.block_tables.shape[1], num_blocks=k.shape[0],
-                has_alibi=int(inp.alibi_slopes is not None), kv_block_stride=k.stride(0),
-                kv_head_stride=k.stride(1), k_bytes=len(kb), v_bytes=len(vb),
-                name_len=len(name))
+                has_alibi=int(inp.alibi_slopes is not None),
+                kv_form=KV_FORM["token_major" if token_major else "vllm"],
+                k_block_stride=strides["k"][0], k_head_stride=strides["k"][1],
+                k_token_stride=strides["k"][2], v_block_stride=strides["v"][0],
+                v_head_stride=strides["v"][1], v_token_stride=strides["v"][2],
+                k_bytes=len(kb), v_bytes=len(vb), name_len=len(name))
     f32 = lambda t: t.float().contiguous().numpy().tobytes()  # noqa: E731
     i32 = lambda t: t.to(torch.int32).contiguous().numpy().tobytes()  # noqa: E731
     with open(path, "wb") as f:
-        f.write(MAGIC + struct.pack("<16q", *(ints[n] for n in HEADER_INTS)))
+        f.write(MAGIC + struct.pack(f"<{len(HEADER_INTS)}q", *(ints[n] for n in HEADER_INTS)))
         f.write(struct.pack("<5f", inp.scale, float(inp.k_scale), float(inp.v_scale), atol, rtol))
         f.write(name.encode())
         for blob in (f32(inp.query), kb, vb, i32(inp.block_tables), i32(inp.seq_lens)):
@@ -107,10 +135,15 @@ def write_cases(folder):
             os.remove(os.path.join(folder, old))
     for i, c in enumerate(CASES):
         dtype, kv, nh, nkv, d, bs, lens, alibi, layout = c
-        inp = testing.make_attention_inputs(len(lens), nh, nkv, d, bs, lens, dtype=dtype,
-                                            kv_cache_dtype=kv, use_alibi=alibi, seed=i + d)
-        if layout:
-            inp = testing.with_strided_caches(inp, layout)
+        if layout in testing.DECODE_LAYOUTS:
+            inp = testing.make_decode_inputs(len(lens), nh, nkv, d, bs, lens, layout=layout,
+                                             dtype=dtype, kv_cache_dtype=kv, use_alibi=alibi,
+                                             seed=i + d)
+        else:
+            inp = testing.make_attention_inputs(len(lens), nh, nkv, d, bs, lens, dtype=dtype,
+                                                kv_cache_dtype=kv, use_alibi=alibi, seed=i + d)
+            if layout:
+                inp = testing.with_strided_caches(inp, layout)
         name = case_name(i, c)
         write_case(os.path.join(folder, name + ".case"), name, inp)
     return len(CASES)

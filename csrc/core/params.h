@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "blocksparse.h"
+#include "kv_layout.h"
 
 namespace paged_attn {
 
@@ -32,8 +33,8 @@ struct PagedAttentionParams {
                         // query dtype (v2 only)
   // ---- inputs ----
   const void* query;        // [num_seqs, num_heads, head_size], last dim contiguous
-  const void* key_cache;    // [num_blocks, num_kv_heads, head_size / x, block_size, x]
-  const void* value_cache;  // [num_blocks, num_kv_heads, head_size, block_size]
+  const void* key_cache;    // addressed by k_layout (v1 / v2: vLLM's K, decode: token-major)
+  const void* value_cache;  // addressed by v_layout (v1 / v2: vLLM's V, decode: token-major)
   const int32_t* block_tables;  // [num_seqs, max_blocks_per_seq], contiguous
   const int32_t* seq_lens;      // [num_seqs]
   const float* alibi_slopes;    // [num_heads] or nullptr
@@ -52,10 +53,10 @@ struct PagedAttentionParams {
   // ---- strides (elements) ----
   int64_t q_seq_stride;     // query.stride(0): any (query may be a slice of a fused qkv tensor)
   int64_t q_head_stride;    // query.stride(1)
-  int64_t kv_block_stride;  // key_cache.stride(0) == value_cache.stride(0) (checked)
-  int64_t kv_head_stride;   // key_cache.stride(1) == value_cache.stride(1) (checked)
-  // inner dims of the caches are contiguous (checked): K [head_size/x, block_size, x],
-  // V [head_size, block_size].
+  // ---- caches (core/kv_layout.h): K and V may have different strides ----
+  KvForm kv_form;  // kVllm for v1 / v2, kTokenMajor for decode (both caches)
+  KvLayout k_layout;
+  KvLayout v_layout;
 
   // ---- sizes ----
   int num_seqs;
@@ -63,7 +64,7 @@ struct PagedAttentionParams {
   int num_kv_heads;
   int head_size;
   int block_size;
-  int x;                   // 16 / cache element size
+  int x;                   // 16 / cache element size (vLLM's K chunk)
   int max_blocks_per_seq;  // block_tables.size(1)
   int64_t num_blocks;      // key_cache.size(0): used block ids must lie in [0, num_blocks)
   int max_num_partitions;  // tmp_out.size(2) (v2); 1 for v1
@@ -76,8 +77,8 @@ struct PagedAttentionParams {
 struct ReshapeAndCacheParams {
   const void* key;      // [num_tokens, num_kv_heads, head_size], last dim contiguous, query dtype
   const void* value;    // [num_tokens, num_kv_heads, head_size], last dim contiguous
-  void* key_cache;      // [num_blocks, num_kv_heads, head_size / x, block_size, x]
-  void* value_cache;    // [num_blocks, num_kv_heads, head_size, block_size]
+  void* key_cache;      // addressed by k_layout (reshape_and_cache: vLLM's K, _flash: token-major)
+  void* value_cache;    // addressed by v_layout
   const int64_t* slot_mapping;  // [num_tokens]; slot = block * block_size + offset; < 0: skip
 
   const float* k_scale_ptr;  // as in PagedAttentionParams (fp8 stores fp8(x / scale), saturated)
@@ -89,8 +90,8 @@ struct ReshapeAndCacheParams {
   int64_t key_head_stride;     // key.stride(1)
   int64_t value_token_stride;  // value.stride(0)
   int64_t value_head_stride;   // value.stride(1)
-  int64_t kv_block_stride;     // cache.stride(0)
-  int64_t kv_head_stride;      // cache.stride(1)
+  KvLayout k_layout;           // core/kv_layout.h
+  KvLayout v_layout;
 
   int64_t num_tokens;
   int num_kv_heads;

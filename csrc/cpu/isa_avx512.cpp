@@ -152,7 +152,6 @@ struct Isa {
                                         const TaskShape& s, float* logits, const char* pf_a,
                                         const char* pf_b) {
     constexpr int JT = 4;  // 4 vectors of 32 elements: 16 tokens
-    const int64_t row_bytes = s.kv_bytes / s.C;
     const __m512 scale = _mm512_set1_ps(qk_scale);
     for (int j = 0; j < s.R; j += 32 * JT) {
       __mmask32 m[JT];
@@ -165,7 +164,7 @@ struct Isa {
         for (int jt = 0; jt < JT; ++jt) acc[g][jt] = _mm512_setzero_ps();
       for (int c = 0; c < s.C; ++c) {
         const uint16_t* kp = kblk + static_cast<int64_t>(c) * s.R + j;
-        if (j == 0) prefetch_row_share(pf_a, pf_b, c, row_bytes);  // spread over this block
+        if (j == 0) prefetch_row_share(pf_a, pf_b, s, c);  // spread over this block
         __m512bh kv[JT];
         for (int jt = 0; jt < JT; ++jt)
           kv[jt] = (__m512bh)_mm512_maskz_loadu_epi16(m[jt], kp + 32 * jt);
@@ -200,7 +199,7 @@ struct Isa {
       for (int i = 0; i < nspans; ++i) {
         const Span& sp = spans[i];
         pf.step();
-        const uint16_t* vb = V + sp.offset + static_cast<int64_t>(d0) * s.bs;
+        const uint16_t* vb = V + sp.v_offset + static_cast<int64_t>(d0) * s.bs;
         for (int tc = sp.lo & ~15; tc < sp.hi; tc += 16) {
           const __mmask16 m = lane_mask(sp.lo - tc, sp.hi - tc);
           __m256bh pv[GT];

@@ -60,17 +60,57 @@ struct EightVecTiles {
   static constexpr bool kProbsInRegisters = false;
 };
 
-// One block of the partition: where its [kv_head] slice starts and which slots are ours.
+// One block of the partition: where its [kv_head] slices start and which slots are ours.
 struct Span {
-  int64_t offset;  // elements from the cache base: block * kv_block_stride + kv_head * stride
-  int lo, hi;      // slots [lo, hi) belong to the partition (and are < seq_len)
-  int buf;         // index in the logits buffer of slot 0 of this block
+  int64_t k_offset;  // elements from the K cache base: k_layout.slice(block, kv_head)
+  int64_t v_offset;  // elements from the V cache base: v_layout.slice(block, kv_head)
+  int lo, hi;        // slots [lo, hi) belong to the partition (and are < seq_len)
+  int buf;           // index in the logits buffer of slot 0 of this block
 };
 
+// The memory of one block's [kv_head] slice of K or V: `runs` runs of run_bytes, run_stride
+// bytes apart (vLLM's layout and HND: one run; NHD: one run per token), as 64-byte lines.
+struct SliceBytes {
+  int64_t runs = 1, run_bytes = 0, run_stride = 0;
+  int64_t lines_per_run() const { return (run_bytes + 63) / 64; }
+  int64_t lines() const { return runs * lines_per_run(); }
+};
+
+// Prefetches lines [i0, i1) of a slice at base into L2 (one division, then it walks the runs).
+inline void prefetch_lines(const char* base, const SliceBytes& m, int64_t i0, int64_t i1) {
+  if (base == nullptr || i1 <= i0) return;
+  const int64_t per = m.lines_per_run();
+  const char* run = base + (i0 / per) * m.run_stride;
+  int64_t k = i0 % per;
+  for (int64_t i = i0; i < i1; ++i) {
+    prefetch_l2(run + 64 * k);
+    if (++k == per) k = 0, run += m.run_stride;
+  }
+}
+
+// The slice memory of a cache: token-major slices whose tokens are not adjacent are a run per
+// token; every other slice is one contiguous run of head_size * block_size elements.
+inline SliceBytes slice_bytes(KvForm form, const KvLayout& l, int head_size, int block_size,
+                              int element_bytes) {
+  SliceBytes b;
+  const int64_t token_bytes = static_cast<int64_t>(head_size) * element_bytes;
+  if (form == KvForm::kTokenMajor && l.token_stride != head_size) {
+    b.runs = block_size;
+    b.run_bytes = token_bytes;
+    b.run_stride = l.token_stride * element_bytes;
+  } else {
+    b.run_bytes = token_bytes * block_size;
+  }
+  return b;
+}
+
 struct TaskShape {
-  int D, bs, x, C, R;  // head size, block size, x, K rows D / x, K row length bs * x
+  int D, bs, x, C, R;  // head size, block size, x, K rows, K row length (elements, x form)
+  int Dq;              // query row stride of qs (D rounded up to 16, zero padded)
   int L;               // logits buffer stride per head
-  int64_t kv_bytes;    // bytes of one block's [kv_head] slice of K (or V)
+  int64_t kv_bytes;    // bytes of data in one block's [kv_head] slice of K (or V)
+  int64_t k_token_stride, v_token_stride;  // token-major form: elements between tokens
+  SliceBytes k_mem, v_mem;                 // where a slice's bytes are (prefetch)
 };
 
 // Logits buffer stride per head: a partition's slots plus a block of slack on each side, padded
@@ -81,7 +121,9 @@ inline int logits_stride(int block_size) {
 
 inline int max_spans_of(int block_size) { return kPartitionSize / block_size + 2; }
 
-// A work item's per-thread scratch, as float offsets: logits [G][L] | qs [G][D] | norm [G] |
+inline int round_up16(int n) { return (n + 15) & ~15; }
+
+// A work item's per-thread scratch, as float offsets: logits [G][L] | qs [G][Dq] | norm [G] |
 // spans [2][max_spans] (this item's, the next one's) | next K block addresses [max_spans].
 // Every part starts on a 16-float boundary.
 struct ScratchLayout {
@@ -90,36 +132,43 @@ struct ScratchLayout {
     constexpr int64_t kSpanFloats = (sizeof(Span) + 3) / 4, kPointerFloats = (sizeof(char*) + 3) / 4;
     const int64_t max_spans = max_spans_of(block_size);
     qs = G * logits_stride(block_size);
-    norm = qs + ((G * D + 15) & ~15);
+    norm = qs + G * round_up16(static_cast<int>(D));
     spans = norm + ((G + 15) & ~15);
     next_k = spans + ((2 * max_spans * kSpanFloats + 15) & ~15);
     total = next_k + max_spans * kPointerFloats;
   }
 };
 
-// Prefetches into L2 row c's share (row_bytes) of up to two blocks: spreads a block's prefetch
-// over the K rows of the block being scored.
-inline void prefetch_row_share(const char* pf_a, const char* pf_b, int c, int64_t row_bytes) {
-  for (int64_t off = c * row_bytes; off < (c + 1) * row_bytes; off += 64) {
-    if (pf_a) prefetch_l2(pf_a + off);
-    if (pf_b) prefetch_l2(pf_b + off);
+// Prefetches into L2 K row c's share (of s.C rows) of two blocks' slices: a K slice at pf_k and
+// a V slice at pf_v (either may be null). Spreads a block's prefetch over the rows being scored.
+inline void prefetch_row_share(const char* pf_k, const char* pf_v, const TaskShape& s, int c) {
+  if (pf_k) {
+    const int64_t n = s.k_mem.lines();
+    prefetch_lines(pf_k, s.k_mem, n * c / s.C, n * (c + 1) / s.C);
+  }
+  if (pf_v) {
+    const int64_t n = s.v_mem.lines();
+    prefetch_lines(pf_v, s.v_mem, n * c / s.C, n * (c + 1) / s.C);
   }
 }
 
-// Cache lines of a list of blocks, prefetched into L2 a few lines per step(): spreads the next
+// Cache lines of a list of slices, prefetched into L2 a few lines per step(): spreads the next
 // work item's K over this item's PV loop (a burst would stall on the miss buffers).
 struct PrefetchStream {
   const char* const* blocks = nullptr;
   int nblocks = 0;
-  int64_t block_bytes = 0;
+  SliceBytes mem;
   int lines_per_step = 0;
-  int b = 0;
-  int64_t off = 0;
+  int b = 0;            // slice being prefetched
+  int64_t run = 0, k = 0;  // its run and the line in that run
   void step(int times = 1) {
-    for (int k = 0; k < times * lines_per_step && b < nblocks; ++k) {
-      prefetch_l2(blocks[b] + off);
-      off += 64;
-      if (off >= block_bytes) off = 0, ++b;
+    const int64_t per = mem.lines_per_run();
+    for (int n = 0; n < times * lines_per_step && b < nblocks; ++n) {
+      prefetch_l2(blocks[b] + run * mem.run_stride + 64 * k);
+      if (++k == per) {
+        k = 0;
+        if (++run == mem.runs) run = 0, ++b;
+      }
     }
   }
 };
@@ -131,11 +180,11 @@ inline int partition_spans(const PagedAttentionParams& p, PartitionTask task, in
   const int t_end = std::min(seq_len, t_begin + kPartitionSize);
   const int b_first = t_begin / bs, b_last = (t_end - 1) / bs;
   const int32_t* table = p.block_tables + static_cast<int64_t>(task.seq) * p.max_blocks_per_seq;
-  const int64_t head_off = static_cast<int64_t>(task.kv_head) * p.kv_head_stride;
   int n = 0;
   for (int b = b_first; b <= b_last; ++b, ++n) {
     Span& sp = spans[n];
-    sp.offset = static_cast<int64_t>(table[b]) * p.kv_block_stride + head_off;  // NOTE: 64-bit
+    sp.k_offset = p.k_layout.slice(table[b], task.kv_head);  // NOTE: 64-bit
+    sp.v_offset = p.v_layout.slice(table[b], task.kv_head);
     sp.lo = std::max(t_begin - b * bs, 0);
     sp.hi = std::min(t_end - b * bs, bs);
     sp.buf = n * bs;

@@ -8,7 +8,7 @@
 namespace paged_attn {
 namespace cpu {
 
-// Runs v1 (tmp_out == nullptr) or v2 on validated params (make_attention_params already ran;
+// Runs v1 or decode (tmp_out == nullptr) or v2 on validated params (make_*_params already ran;
 // the data checks run here). query / out / tmp_out: the tensors the params point into.
 void paged_attention(const char* op, const PagedAttentionParams& p, const at::Tensor& query,
                      const at::Tensor& out, const at::Tensor* tmp_out);

@@ -90,42 +90,77 @@ inline void store_token_sums(const Vec* acc, float* dst, int ntok) {
                Isa::lanes(0, ntok));
 }
 
+// The x form of a cache's K: a 16-lane vector holds 16 / X tokens x X dims of a K "row" (X
+// consecutive dims of every token of the block). vLLM's K is stored in it (X = x); a token-major
+// K row is X = 16: one vector is 16 dims of one token.
+template <typename Cache, KvForm F>
+constexpr int form_x() {
+  return F == KvForm::kTokenMajor ? 16 : 16 / static_cast<int>(sizeof(typename Cache::storage));
+}
+
+// Address in a K slice of x-form element e of row c (token e / X, dim c * X + e % X); for the
+// token-major form e is a multiple of 16 (a vector starts at a token).
+template <typename Cache, KvForm F>
+inline const typename Cache::storage* k_at(const typename Cache::storage* kblk, const TaskShape& s,
+                                           int c, int e) {
+  if constexpr (F == KvForm::kTokenMajor)
+    return kblk + static_cast<int64_t>(e / 16) * s.k_token_stride + 16 * c;
+  else
+    return kblk + static_cast<int64_t>(c) * s.R + e;
+}
+
+// acc[g][jt] += K row c's vectors j + 16 jt ... (lanes m[jt]) times q's X dims of row c.
+template <typename Cache, KvForm F, int GT, int JT>
+inline void qk_row(const typename Cache::storage* kblk, const float* qs, const TaskShape& s, int j,
+                   int c, const Mask (&m)[JT], Vec (&acc)[GT][JT], const char* pf_a,
+                   const char* pf_b) {
+  constexpr int X = form_x<Cache, F>();
+  if (j == 0) prefetch_row_share(pf_a, pf_b, s, c);  // spread over this block
+  Vec kv[JT];
+#pragma GCC unroll 8
+  for (int jt = 0; jt < JT; ++jt)
+    kv[jt] = Isa::template load_cache<Cache>(k_at<Cache, F>(kblk, s, c, j + 16 * jt), m[jt]);
+#pragma GCC unroll 8
+  for (int g = 0; g < GT; ++g) {
+    const Vec qv = Isa::template q_row<X>(qs + g * s.Dq + c * X);
+#pragma GCC unroll 8
+    for (int jt = 0; jt < JT; ++jt) acc[g][jt] = Isa::fmadd(kv[jt], qv, acc[g][jt]);
+  }
+}
+
 // acc[g][jt] += K row c's vectors j + 16 jt ... times q's X dims of row c, over all rows.
-// kFull: every lane of the JT vectors is in the row (no mask test in the loop).
-template <typename Cache, int GT, int JT, bool kFull>
+// kFull: every lane of the JT vectors is in the row (no mask test in the loop). A token-major
+// K's last row holds head_size % 16 dims when that is not 0 (qs is zero padded to 16 dims).
+template <typename Cache, KvForm F, int GT, int JT, bool kFull>
 inline void qk_rows(const typename Cache::storage* kblk, const float* qs, const TaskShape& s, int j,
                     Vec (&acc)[GT][JT], const char* pf_a, const char* pf_b) {
-  constexpr int X = 16 / static_cast<int>(sizeof(typename Cache::storage));
-  const int64_t row_bytes = s.kv_bytes / s.C;  // bytes of one K row c
+  constexpr int X = form_x<Cache, F>();
   Mask m[JT];
 #pragma GCC unroll 8
   for (int jt = 0; jt < JT; ++jt)
     m[jt] = kFull ? Isa::lanes(0, 16) : Isa::lanes(0, s.R - j - 16 * jt);
-  for (int c = 0; c < s.C; ++c) {
-    const auto* kp = kblk + static_cast<int64_t>(c) * s.R + j;
-    if (j == 0) prefetch_row_share(pf_a, pf_b, c, row_bytes);  // spread over this block
-    Vec kv[JT];
+  const int full_rows = s.D / X;
+  for (int c = 0; c < full_rows; ++c) qk_row<Cache, F, GT, JT>(kblk, qs, s, j, c, m, acc, pf_a, pf_b);
+  if constexpr (F == KvForm::kTokenMajor) {
+    if (full_rows < s.C) {
+      Mask tail[JT];
 #pragma GCC unroll 8
-    for (int jt = 0; jt < JT; ++jt) kv[jt] = Isa::template load_cache<Cache>(kp + 16 * jt, m[jt]);
-#pragma GCC unroll 8
-    for (int g = 0; g < GT; ++g) {
-      const Vec qv = Isa::template q_row<X>(qs + g * s.D + c * X);
-#pragma GCC unroll 8
-      for (int jt = 0; jt < JT; ++jt) acc[g][jt] = Isa::fmadd(kv[jt], qv, acc[g][jt]);
+      for (int jt = 0; jt < JT; ++jt) tail[jt] = Isa::lanes(0, std::min(s.R - j - 16 * jt, s.D % 16));
+      qk_row<Cache, F, GT, JT>(kblk, qs, s, j, full_rows, tail, acc, pf_a, pf_b);
     }
   }
 }
 
 // logits[g][slot] for all bs slots of one block, heads [0, GT) of a tile.
-// kblk: [C][R] cache elements; qs: [GT][D] scaled query; logits: [GT][L] at the block's slot 0.
+// kblk: the block's K slice; qs: [GT][Dq] scaled query; logits: [GT][L] at the block's slot 0.
 // JT vectors (16 * JT elements, 16 * JT / X tokens) of each row per pass. When a pass yields
 // fewer than 16 tokens (JT < X), the accumulators of X / JT consecutive passes are held (in L1)
 // and folded together: one 16-token sum instead of a mostly-zero one per pass.
-// pf_a / pf_b (either may be null): blocks prefetched into L2 a row's worth of lines per K row.
-template <typename Cache, int GT, int JT>
+// pf_a / pf_b (either may be null): a K and a V slice prefetched into L2 a row's share per K row.
+template <typename Cache, KvForm F, int GT, int JT>
 void qk_block(const typename Cache::storage* kblk, const float* qs, const TaskShape& s,
               float* logits, const char* pf_a, const char* pf_b) {
-  constexpr int X = 16 / static_cast<int>(sizeof(typename Cache::storage));
+  constexpr int X = form_x<Cache, F>();
   constexpr int kPasses = JT < X ? X / JT : 1;  // passes per 16-token group
   Vec held[GT][kPasses > 1 ? X : 1];
   int held_passes = 0, group_j = 0;
@@ -136,9 +171,9 @@ void qk_block(const typename Cache::storage* kblk, const float* qs, const TaskSh
 #pragma GCC unroll 8
       for (int jt = 0; jt < JT; ++jt) acc[g][jt] = Isa::zero();
     if (s.R - j >= 16 * JT)
-      qk_rows<Cache, GT, JT, true>(kblk, qs, s, j, acc, pf_a, pf_b);
+      qk_rows<Cache, F, GT, JT, true>(kblk, qs, s, j, acc, pf_a, pf_b);
     else
-      qk_rows<Cache, GT, JT, false>(kblk, qs, s, j, acc, pf_a, pf_b);
+      qk_rows<Cache, F, GT, JT, false>(kblk, qs, s, j, acc, pf_a, pf_b);
     if constexpr (kPasses == 1) {
       const int ntok = std::min(16 * JT, s.R - j) / X;
 #pragma GCC unroll 8
@@ -170,7 +205,7 @@ inline int tile_heads(int G, int done, int most) {
   return (remaining + tiles - 1) / tiles;
 }
 
-template <typename Cache, int GT>
+template <typename Cache, KvForm F, int GT>
 void qk_tile_of(const typename Cache::storage* kblk, const float* qs, float qk_scale,
                 const TaskShape& s, float* logits, const char* pf_a, const char* pf_b) {
   if constexpr (std::is_same_v<Cache, BF16Dot>) {  // bf16 query, see run_partition
@@ -178,25 +213,25 @@ void qk_tile_of(const typename Cache::storage* kblk, const float* qs, float qk_s
                                                  qk_scale, s, logits, pf_a, pf_b);
   } else {
     (void)qk_scale;  // folded into qs
-    qk_block<Cache, GT, Isa::qk_vecs(GT)>(kblk, qs, s, logits, pf_a, pf_b);
+    qk_block<Cache, F, GT, Isa::qk_vecs(GT)>(kblk, qs, s, logits, pf_a, pf_b);
   }
 }
 
-template <typename Cache>
+template <typename Cache, KvForm F>
 void qk_tile(int gt, const typename Cache::storage* kblk, const float* qs, float qk_scale,
              const TaskShape& s, float* logits, const char* pf_a, const char* pf_b) {
   switch (gt) {
     case 1:
-      return qk_tile_of<Cache, 1>(kblk, qs, qk_scale, s, logits, pf_a, pf_b);
+      return qk_tile_of<Cache, F, 1>(kblk, qs, qk_scale, s, logits, pf_a, pf_b);
     case 2:
-      return qk_tile_of<Cache, 2>(kblk, qs, qk_scale, s, logits, pf_a, pf_b);
+      return qk_tile_of<Cache, F, 2>(kblk, qs, qk_scale, s, logits, pf_a, pf_b);
     case 3:
-      return qk_tile_of<Cache, 3>(kblk, qs, qk_scale, s, logits, pf_a, pf_b);
+      return qk_tile_of<Cache, F, 3>(kblk, qs, qk_scale, s, logits, pf_a, pf_b);
     case 4:
-      return qk_tile_of<Cache, 4>(kblk, qs, qk_scale, s, logits, pf_a, pf_b);
+      return qk_tile_of<Cache, F, 4>(kblk, qs, qk_scale, s, logits, pf_a, pf_b);
     default:
       if constexpr (Isa::kQkHeads >= 6)
-        return qk_tile_of<Cache, 6>(kblk, qs, qk_scale, s, logits, pf_a, pf_b);
+        return qk_tile_of<Cache, F, 6>(kblk, qs, qk_scale, s, logits, pf_a, pf_b);
   }
 }
 
@@ -250,9 +285,6 @@ inline void pv_chunk(const float* pc, const typename Cache::storage* vc, const T
   }
 }
 
-// out[g][d] = norm[g] * sum over the partition's tokens of p[g][t] * V[t][d], heads [0, GT),
-// head dims in tiles of DT (D % DT == 0). probs: [GT][L]; out row g at out + g * out_stride.
-// pf.step() once per (dim tile, block).
 // The block is all in the partition.
 inline bool whole_chunks(const TaskShape& s, const Span& sp) { return sp.lo == 0 && sp.hi == s.bs; }
 
@@ -290,14 +322,14 @@ void pv_tile(const typename Cache::storage* V, const Span* spans, int nspans, co
     pf.step(nspans);
     const int64_t row0 = static_cast<int64_t>(d0) * s.bs;
     for (int i = 0; i < w0; ++i)
-      pv_span_masked<Cache, GT, DT>(V + spans[i].offset + row0, spans[i], probs, s, acc);
+      pv_span_masked<Cache, GT, DT>(V + spans[i].v_offset + row0, spans[i], probs, s, acc);
     for (int i = w0; i < w1; ++i) {
-      const auto* vb = V + spans[i].offset + row0;
+      const auto* vb = V + spans[i].v_offset + row0;
       const float* pb = probs + spans[i].buf;
       for (int tc = 0; tc < s.bs; tc += 16) pv_chunk<Cache, GT, DT>(pb + tc, vb + tc, s, all, acc);
     }
     for (int i = w1; i < nspans; ++i)
-      pv_span_masked<Cache, GT, DT>(V + spans[i].offset + row0, spans[i], probs, s, acc);
+      pv_span_masked<Cache, GT, DT>(V + spans[i].v_offset + row0, spans[i], probs, s, acc);
 #pragma GCC unroll 8
     for (int g = 0; g < GT; ++g) {
       float* o = out + g * out_stride + d0;
@@ -313,12 +345,79 @@ void pv_tile(const typename Cache::storage* V, const Span* spans, int nspans, co
   }
 }
 
-template <typename Cache, int GT>
+// The token-major form of PV: a vector is 16 dims of one token's V, so the accumulators
+// acc[g][dt] hold 16 output dims each and take p[g][t] broadcast per token (no horizontal sum).
+// DT vectors (16 * DT dims) per pass; the last vectors hold head_size % 16 dims or none (masked).
+// Only the slots [lo, hi) of each block are read. pf steps once per (dim tile, block).
+template <typename Cache, int GT, int DT>
+void pv_tile_tokens(const typename Cache::storage* V, const Span* spans, int nspans,
+                    const float* probs, const TaskShape& s, const float* norm, float* out,
+                    int64_t out_stride, PrefetchStream& pf) {
+  const int nvec = (s.D + 15) / 16;
+  for (int v0 = 0; v0 < nvec; v0 += DT) {
+    Mask m[DT];
+#pragma GCC unroll 8
+    for (int dt = 0; dt < DT; ++dt) m[dt] = Isa::lanes(0, s.D - 16 * (v0 + dt));
+    Vec acc[GT][DT];
+#pragma GCC unroll 8
+    for (int g = 0; g < GT; ++g)
+#pragma GCC unroll 8
+      for (int dt = 0; dt < DT; ++dt) acc[g][dt] = Isa::zero();
+    pf.step(nspans);
+    for (int i = 0; i < nspans; ++i) {
+      const Span& sp = spans[i];
+      const auto* vt = V + sp.v_offset + sp.lo * s.v_token_stride + 16 * v0;
+      const float* pt = probs + sp.buf + sp.lo;
+      for (int t = sp.lo; t < sp.hi; ++t, vt += s.v_token_stride, ++pt) {
+        Vec pg[Isa::kProbsInRegisters ? GT : 1];  // else broadcast per use (few registers)
+        if constexpr (Isa::kProbsInRegisters) {
+#pragma GCC unroll 8
+          for (int g = 0; g < GT; ++g) pg[g] = Isa::set1(pt[g * s.L]);
+        }
+#pragma GCC unroll 8
+        for (int dt = 0; dt < DT; ++dt) {
+          const Vec vr = Isa::template load_cache<Cache>(vt + 16 * dt, m[dt]);
+#pragma GCC unroll 8
+          for (int g = 0; g < GT; ++g) {
+            if constexpr (Isa::kProbsInRegisters)
+              acc[g][dt] = Isa::fmadd(vr, pg[g], acc[g][dt]);
+            else
+              acc[g][dt] = Isa::fmadd(vr, Isa::set1(pt[g * s.L]), acc[g][dt]);
+          }
+        }
+      }
+    }
+#pragma GCC unroll 8
+    for (int g = 0; g < GT; ++g) {
+      const Vec ng = Isa::set1(norm[g]);
+#pragma GCC unroll 8
+      for (int dt = 0; dt < DT; ++dt)
+        Isa::store(out + g * out_stride + 16 * (v0 + dt), Isa::mul(acc[g][dt], ng), m[dt]);
+    }
+  }
+}
+
+// Vectors of 16 dims per token-major PV pass for a tile of gt heads and nvec vectors a row:
+// the layer's register tile (pv_dims counted in vectors) unless its narrow tile divides the row
+// and the wide one does not (fewer empty vectors).
+constexpr int token_pv_vecs(int wide, int narrow, int nvec) {
+  return nvec % wide == 0 || nvec % narrow != 0 ? wide : narrow;
+}
+
+template <typename Cache, KvForm F, int GT>
 void pv_tile_of(const typename Cache::storage* V, const Span* spans, int nspans, const float* probs,
                 const TaskShape& s, const float* norm, float* out, int64_t out_stride,
                 PrefetchStream& pf) {
   const bool wide = s.D % 8 == 0;
-  if constexpr (std::is_same_v<Cache, BF16Dot>) {  // probabilities in bf16, see probs_to_bf16
+  constexpr int kWide = Isa::pv_dims(GT, true), kNarrow = Isa::pv_dims(GT, false);
+  if constexpr (F == KvForm::kTokenMajor) {
+    const int nvec = (s.D + 15) / 16;
+    if (token_pv_vecs(kWide, kNarrow, nvec) == kWide || kWide == kNarrow)
+      return pv_tile_tokens<Cache, GT, kWide>(V, spans, nspans, probs, s, norm, out, out_stride,
+                                              pf);
+    return pv_tile_tokens<Cache, GT, kNarrow>(V, spans, nspans, probs, s, norm, out, out_stride,
+                                              pf);
+  } else if constexpr (std::is_same_v<Cache, BF16Dot>) {  // probabilities in bf16, probs_to_bf16
     const auto* pb = reinterpret_cast<const uint16_t*>(probs);
     if (wide && Isa::pv_dims(GT, true) == 8)
       return IsaFor<Cache>::type::template pv_bf16dot<GT, 8>(V, spans, nspans, pb, s, norm, out,
@@ -326,31 +425,30 @@ void pv_tile_of(const typename Cache::storage* V, const Span* spans, int nspans,
     return IsaFor<Cache>::type::template pv_bf16dot<GT, 4>(V, spans, nspans, pb, s, norm, out,
                                                            out_stride, pf);
   } else {
-    constexpr int kWide = Isa::pv_dims(GT, true), kNarrow = Isa::pv_dims(GT, false);
     if (wide && kWide != kNarrow)
       return pv_tile<Cache, GT, kWide>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
     return pv_tile<Cache, GT, kNarrow>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
   }
 }
 
-template <typename Cache>
+template <typename Cache, KvForm F>
 void pv_heads(int gt, const typename Cache::storage* V, const Span* spans, int nspans,
               const float* probs, const TaskShape& s, const float* norm, float* out,
               int64_t out_stride, PrefetchStream& pf) {
   switch (gt) {
     case 1:
-      return pv_tile_of<Cache, 1>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
+      return pv_tile_of<Cache, F, 1>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
     case 2:
-      return pv_tile_of<Cache, 2>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
+      return pv_tile_of<Cache, F, 2>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
     case 3:
-      return pv_tile_of<Cache, 3>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
+      return pv_tile_of<Cache, F, 3>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
     case 4:
       if constexpr (Isa::kPvHeads >= 4)
-        return pv_tile_of<Cache, 4>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
+        return pv_tile_of<Cache, F, 4>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
       return;
     default:
       if constexpr (Isa::kPvHeads >= 6)
-        return pv_tile_of<Cache, 6>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
+        return pv_tile_of<Cache, F, 6>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
   }
 }
 
@@ -408,7 +506,7 @@ inline void mask_unattended_heads(const PagedAttentionParams& p, PartitionTask t
 // everything else).
 constexpr int64_t kPrefetchBudget = 384 * 1024;
 
-template <typename Cache>
+template <typename Cache, KvForm F>
 void run_partition(const PagedAttentionParams& p, const KernelInputs& in, PartitionTask task,
                    const PartitionTask* next, float* scratch) {
   using T = typename Cache::storage;
@@ -420,10 +518,16 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
   s.D = p.head_size;
   s.bs = p.block_size;
   s.x = p.x;
-  s.C = s.D / s.x;
-  s.R = s.bs * s.x;
+  constexpr int X = form_x<Cache, F>();
+  s.C = (s.D + X - 1) / X;  // vLLM's layout: D / x exactly (checked)
+  s.R = s.bs * X;
+  s.Dq = round_up16(s.D);
   s.L = logits_stride(s.bs);
   s.kv_bytes = static_cast<int64_t>(s.D) * s.bs * sizeof(T);
+  s.k_token_stride = p.k_layout.token_stride;
+  s.v_token_stride = p.v_layout.token_stride;
+  s.k_mem = slice_bytes(F, p.k_layout, s.D, s.bs, sizeof(T));
+  s.v_mem = slice_bytes(F, p.v_layout, s.D, s.bs, sizeof(T));
 
   const int max_spans = max_spans_of(s.bs);
   const ScratchLayout layout(G, s.D, s.bs);  // kernel_common.h
@@ -439,7 +543,7 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
   if (blocksparse_active(p.blocksparse))  // only the blocks some head attends stay in spans
     nspans = drop_unattended_blocks(p, task, s, h0, G, spans, nspans, logits);
 
-  // qs[g][d] = qk_scale * q[h0 + g][d]; for BF16Dot, the bf16 bits of q[h0 + g][d] (exact: the
+  // qs[g][d] = qk_scale * q[h0 + g][d], d < Dq (0 past D); for BF16Dot, the bf16 bits of q[h0 + g][d] (exact: the
   // query is bf16, its fp32 copy's top half) and QK scales the sums.
   const float* q = in.query + (static_cast<int64_t>(task.seq) * p.num_heads + h0) * s.D;
   if constexpr (kBf16Dot) {
@@ -450,24 +554,26 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
       qb[i] = static_cast<uint16_t>(bits >> 16);
     }
   } else {
-    for (int64_t i = 0; i < static_cast<int64_t>(G) * s.D; ++i) qs[i] = in.qk_scale * q[i];
+    for (int g = 0; g < G; ++g)
+      for (int d = 0; d < s.Dq; ++d)
+        qs[g * s.Dq + d] = d < s.D ? in.qk_scale * q[g * s.D + d] : 0.0f;
   }
 
   // QK, one pass over K for all heads (a block's K stays in L1 across the head tiles).
   constexpr int kAhead = 4;
-  for (int i = 0; i < std::min(kAhead, nspans); ++i) {
-    const char* k = reinterpret_cast<const char*>(K + spans[i].offset);
-    for (int64_t off = 0; off < s.kv_bytes; off += 64) prefetch_l2(k + off);
-  }
+  for (int i = 0; i < std::min(kAhead, nspans); ++i)
+    prefetch_lines(reinterpret_cast<const char*>(K + spans[i].k_offset), s.k_mem, 0,
+                   s.k_mem.lines());
   for (int i = 0; i < nspans; ++i) {
-    const char* pf_k =
-        i + kAhead < nspans ? reinterpret_cast<const char*>(K + spans[i + kAhead].offset) : nullptr;
-    const char* pf_v = reinterpret_cast<const char*>(V + spans[i].offset);
+    const char* pf_k = i + kAhead < nspans
+                           ? reinterpret_cast<const char*>(K + spans[i + kAhead].k_offset)
+                           : nullptr;
+    const char* pf_v = reinterpret_cast<const char*>(V + spans[i].v_offset);
     for (int g0 = 0; g0 < G;) {
       const int gt = tile_heads(G, g0, Isa::kQkHeads);
       const float* qs_tile = kBf16Dot ? qs + static_cast<int64_t>(g0) * s.D / 2  // 2 bf16 a float
-                                      : qs + static_cast<int64_t>(g0) * s.D;
-      qk_tile<Cache>(gt, K + spans[i].offset, qs_tile, in.qk_scale, s,
+                                      : qs + static_cast<int64_t>(g0) * s.Dq;
+      qk_tile<Cache, F>(gt, K + spans[i].k_offset, qs_tile, in.qk_scale, s,
                      logits + static_cast<int64_t>(g0) * s.L + spans[i].buf, pf_k, pf_v);
       pf_k = pf_v = nullptr;  // once per block
       g0 += gt;
@@ -504,12 +610,14 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
     const int n_next = partition_spans(p, *next, s.bs, next_spans);
     pf.nblocks = static_cast<int>(std::min<int64_t>(n_next, next_k_budget / s.kv_bytes));
     for (int i = 0; i < pf.nblocks; ++i)
-      next_k[i] = reinterpret_cast<const char*>(K + next_spans[i].offset);
+      next_k[i] = reinterpret_cast<const char*>(K + next_spans[i].k_offset);
     pf.blocks = next_k;
-    pf.block_bytes = s.kv_bytes;
+    pf.mem = s.k_mem;
     const int first_tile = tile_heads(G, 0, Isa::kPvHeads);
-    const int steps = s.D / Isa::pv_dims(first_tile, s.D % 8 == 0) * nspans;
-    const int64_t lines = pf.nblocks * ((s.kv_bytes + 63) / 64);
+    const int dims_per_step = Isa::pv_dims(first_tile, s.D % 8 == 0) *
+                              (F == KvForm::kTokenMajor ? 16 : 1);  // vectors of 16 dims
+    const int steps = std::max(1, s.D / dims_per_step) * nspans;
+    const int64_t lines = pf.nblocks * s.k_mem.lines();
     pf.lines_per_step = static_cast<int>((lines + steps - 1) / steps);
   }
 
@@ -517,36 +625,45 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
   const int64_t out_stride = static_cast<int64_t>(in.num_partitions) * s.D;
   for (int g0 = 0; g0 < G;) {
     const int gt = tile_heads(G, g0, Isa::kPvHeads);
-    pv_heads<Cache>(gt, V, spans, nspans, logits + static_cast<int64_t>(g0) * s.L, s, norm + g0,
+    pv_heads<Cache, F>(gt, V, spans, nspans, logits + static_cast<int64_t>(g0) * s.L, s, norm + g0,
                     out + g0 * out_stride, out_stride, pf);
     g0 += gt;
   }
 }
 
-// The kernel for every cache kind; bf16_dot: a bf16 cache's QK and PV on the layer's bf16
-// dot-product instruction (only where Isa::kHasBf16Dot and the CPU has it).
-inline void run_any_cache(const PagedAttentionParams& p, const KernelInputs& in, PartitionTask task,
-                          const PartitionTask* next, float* scratch, bool bf16_dot) {
+// The kernel for every cache kind in form F; bf16_dot: a bf16 cache's QK and PV on the layer's
+// bf16 dot-product instruction (only where Isa::kHasBf16Dot and the CPU has it; vLLM's layout).
+template <KvForm F>
+void run_form(const PagedAttentionParams& p, const KernelInputs& in, PartitionTask task,
+              const PartitionTask* next, float* scratch, bool bf16_dot) {
   switch (p.cache_kind) {
     case CacheKind::kFp8E4M3:
-      return run_partition<E4M3>(p, in, task, next, scratch);
+      return run_partition<E4M3, F>(p, in, task, next, scratch);
     case CacheKind::kFp8E5M2:
-      return run_partition<E5M2>(p, in, task, next, scratch);
+      return run_partition<E5M2, F>(p, in, task, next, scratch);
     case CacheKind::kAuto:
       break;
   }
   switch (p.scalar_kind) {
     case ScalarKind::kFloat32:
-      return run_partition<F32>(p, in, task, next, scratch);
+      return run_partition<F32, F>(p, in, task, next, scratch);
     case ScalarKind::kFloat16:
-      return run_partition<F16>(p, in, task, next, scratch);
+      return run_partition<F16, F>(p, in, task, next, scratch);
     case ScalarKind::kBFloat16:
-      if constexpr (Isa::kHasBf16Dot) {
-        if (bf16_dot && p.x == 8) return run_partition<BF16Dot>(p, in, task, next, scratch);
+      if constexpr (Isa::kHasBf16Dot && F == KvForm::kVllm) {
+        if (bf16_dot && p.x == 8) return run_partition<BF16Dot, F>(p, in, task, next, scratch);
       }
       (void)bf16_dot;
-      return run_partition<BF16>(p, in, task, next, scratch);
+      return run_partition<BF16, F>(p, in, task, next, scratch);
   }
+}
+
+// The kernel for every cache kind and layout form (core/kv_layout.h).
+inline void run_any_cache(const PagedAttentionParams& p, const KernelInputs& in, PartitionTask task,
+                          const PartitionTask* next, float* scratch, bool bf16_dot) {
+  if (p.kv_form == KvForm::kTokenMajor)
+    return run_form<KvForm::kTokenMajor>(p, in, task, next, scratch, bf16_dot);
+  return run_form<KvForm::kVllm>(p, in, task, next, scratch, bf16_dot);
 }
 
 // The variant's entry point (attention_kernel.h); cpu_supports() is the ISA file's own.

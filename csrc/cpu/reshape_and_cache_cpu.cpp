@@ -1,7 +1,7 @@
-// reshape_and_cache_cpu.cpp — CPU reshape_and_cache: token i's key / value [num_kv_heads,
-// head_size] go to slot slot_mapping[i] = block * block_size + offset of the caches
-//   key_cache   [num_blocks, num_kv_heads, head_size / x, block_size, x]
-//   value_cache [num_blocks, num_kv_heads, head_size, block_size]
+// reshape_and_cache_cpu.cpp — CPU reshape_and_cache and reshape_and_cache_flash: token i's
+// key / value [num_kv_heads, head_size] go to slot slot_mapping[i] = block * block_size + offset
+// of the caches, wherever the params' layouts (core/kv_layout.h) put (block, offset, head, dim):
+// vLLM's K / V for reshape_and_cache, token-major caches for reshape_and_cache_flash.
 // A negative slot is padding and is skipped. "auto" copies the elements bit for bit; fp8 stores
 // fp8(x / scale) with core/fp8.h's saturating encode (bit-exact with torch's clamp + cast).
 #include <ATen/Parallel.h>
@@ -61,21 +61,21 @@ void reshape_and_cache(const char* op, const ReshapeAndCacheParams& p) {
   const float v_scale = p.v_scale_ptr != nullptr ? *p.v_scale_ptr : p.v_scale;
   const CacheWriter key_writer{p, k_scale};
   const CacheWriter value_writer{p, v_scale};
-  const int D = p.head_size, bs = p.block_size, x = p.x;
+  const int D = p.head_size, bs = p.block_size;
   at::parallel_for(0, p.num_tokens, 64, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t slot = p.slot_mapping[t];
       if (slot < 0) continue;  // padding
       const int64_t block = slot / bs, offset = slot % bs;
       for (int h = 0; h < p.num_kv_heads; ++h) {
-        const int64_t base = block * p.kv_block_stride + h * p.kv_head_stride;  // NOTE: 64-bit
+        const int64_t k_dst = p.k_layout.slice(block, h);  // NOTE: 64-bit
+        const int64_t v_dst = p.v_layout.slice(block, h);
         const int64_t k_src = t * p.key_token_stride + h * p.key_head_stride;
         const int64_t v_src = t * p.value_token_stride + h * p.value_head_stride;
         for (int d = 0; d < D; ++d) {
-          key_writer.write(p.key_cache, base + (d / x) * bs * x + offset * x + d % x, p.key,
-                           k_src + d);
-          value_writer.write(p.value_cache, base + static_cast<int64_t>(d) * bs + offset,
-                             p.value, v_src + d);
+          key_writer.write(p.key_cache, k_dst + p.k_layout.in_slice(offset, d), p.key, k_src + d);
+          value_writer.write(p.value_cache, v_dst + p.v_layout.in_slice(offset, d), p.value,
+                             v_src + d);
         }
       }
     }

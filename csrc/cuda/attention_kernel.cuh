@@ -27,7 +27,7 @@
 //     NaN (v2: max_logits / exp_sums NaN, which the reduce kernel turns into a NaN row).
 //   - Tokens >= the range end are never read for K, and their V values are ZEROED before the
 //     multiply (0 * NaN = NaN: a probability of 0 is not enough when unused slots hold NaN).
-//   - Block offsets are int64 (block_id * kv_block_stride overflows int32 on large pools).
+//   - Block offsets are int64 (block_id * k_layout.block_stride overflows int32 on large pools).
 //   - max_seq_len is not used: the range comes from seq_lens alone.
 //
 // Blocksparse (docs/CONTRACT.md, core/blocksparse.h): per token, a bit mask of the pass's heads
@@ -143,10 +143,10 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
   const int tok_end = is_v2 ? min(seq_len, tok_begin + partition_size) : seq_len;
 
   const int32_t* table_row = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
-  const CacheT* k_head =
-      static_cast<const CacheT*>(p.key_cache) + static_cast<int64_t>(kv_head) * p.kv_head_stride;
+  const CacheT* k_head = static_cast<const CacheT*>(p.key_cache) +
+                         static_cast<int64_t>(kv_head) * p.k_layout.head_stride;
   const CacheT* v_head = static_cast<const CacheT*>(p.value_cache) +
-                         static_cast<int64_t>(kv_head) * p.kv_head_stride;
+                         static_cast<int64_t>(kv_head) * p.v_layout.head_stride;
   const Scalar* q_row = static_cast<const Scalar*>(p.query) + static_cast<int64_t>(seq) * p.q_seq_stride;
   float k_scale = 1.0f, v_scale = 1.0f;  // "auto" caches ignore the scales (docs/DESIGN.md)
   if (kFp8) {
@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
                                                   t / block_size);
         }
         if (heads_mask != 0) {
-          const CacheT* k_tok = k_head + block_id * p.kv_block_stride +
+          const CacheT* k_tok = k_head + block_id * p.k_layout.block_stride +
                                 static_cast<int64_t>(t % block_size) * kX;
           float dot[kHeadTile];
 #pragma unroll
@@ -271,7 +271,7 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
           // probability is 0 and V is not read
           if (__shfl_sync(0xffffffffu, heads_mask, s0) == 0) continue;  // warp-uniform
           const CacheT* v_base =
-              v_head + block_id * p.kv_block_stride + static_cast<int64_t>(t0 % block_size);
+              v_head + block_id * p.v_layout.block_stride + static_cast<int64_t>(t0 % block_size);
 #pragma unroll
           for (int j = 0; j < kDimsPerLane; ++j) {
             const int d = lane + j * kWarpSize;
@@ -300,7 +300,8 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
                 block_id = -1;
               }
             }
-            const CacheT* v_tok = v_head + (block_id < 0 ? 0 : block_id) * p.kv_block_stride +
+            const CacheT* v_tok = v_head +
+                                  (block_id < 0 ? 0 : block_id) * p.v_layout.block_stride +
                                   static_cast<int64_t>(te % block_size);
 #pragma unroll
             for (int j = 0; j < kDimsPerLane; ++j) {

@@ -113,8 +113,10 @@ void check_cuda_attention(const char* op, const PagedAttentionParams& p,
   const int64_t elem = key_cache.element_size();
   const bool aligned = reinterpret_cast<uintptr_t>(key_cache.data_ptr()) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(value_cache.data_ptr()) % 16 == 0 &&
-                       (p.kv_block_stride * elem) % 16 == 0 &&
-                       (p.kv_head_stride * elem) % 16 == 0;
+                       (p.k_layout.block_stride * elem) % 16 == 0 &&
+                       (p.k_layout.head_stride * elem) % 16 == 0 &&
+                       (p.v_layout.block_stride * elem) % 16 == 0 &&
+                       (p.v_layout.head_stride * elem) % 16 == 0;
   TORCH_CHECK_VALUE(aligned, "paged_attn.", op,
                     ": key_cache / value_cache must be 16-byte aligned (data pointers and "
                     "block / head strides) for the CUDA kernels");

@@ -35,8 +35,8 @@ __global__ void __launch_bounds__(kThreads)
   }
   const Scalar* key = static_cast<const Scalar*>(p.key) + token * p.key_token_stride;
   const Scalar* value = static_cast<const Scalar*>(p.value) + token * p.value_token_stride;
-  CacheT* k_block = static_cast<CacheT*>(p.key_cache) + block * p.kv_block_stride;
-  CacheT* v_block = static_cast<CacheT*>(p.value_cache) + block * p.kv_block_stride;
+  CacheT* k_block = static_cast<CacheT*>(p.key_cache) + block * p.k_layout.block_stride;
+  CacheT* v_block = static_cast<CacheT*>(p.value_cache) + block * p.v_layout.block_stride;
   const int head_size = p.head_size;
   const int x = p.x;
   const int n = p.num_kv_heads * head_size;
@@ -45,10 +45,11 @@ __global__ void __launch_bounds__(kThreads)
     const int d = i % head_size;
     const float k = to_float(key[static_cast<int64_t>(h) * p.key_head_stride + d]);
     const float v = to_float(value[static_cast<int64_t>(h) * p.value_head_stride + d]);
-    const int64_t head_off = static_cast<int64_t>(h) * p.kv_head_stride;
-    k_block[head_off + (static_cast<int64_t>(d / x) * p.block_size + offset) * x + d % x] =
+    k_block[static_cast<int64_t>(h) * p.k_layout.head_stride +
+            (static_cast<int64_t>(d / x) * p.block_size + offset) * x + d % x] =
         store_cast<CacheT>(k, k_scale, e5m2);
-    v_block[head_off + static_cast<int64_t>(d) * p.block_size + offset] =
+    v_block[static_cast<int64_t>(h) * p.v_layout.head_stride +
+            static_cast<int64_t>(d) * p.block_size + offset] =
         store_cast<CacheT>(v, v_scale, e5m2);
   }
 }

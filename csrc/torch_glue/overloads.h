@@ -1,5 +1,5 @@
 // overloads.h — the C++ signatures of the schemas in csrc/ops.cpp (v1, v2, reshape_and_cache,
-// each with k_scale / v_scale as `float` or, in the `.scale_tensor` overload, as a tensor),
+// decode, reshape_and_cache_flash, each with k_scale / v_scale as `float` or, in the `.scale_tensor` overload, as a tensor),
 // written once for every backend. A backend provides two entry points and registers these
 // templates over them:
 //
@@ -77,6 +77,16 @@ void reshape_and_cache(const at::Tensor& key, const at::Tensor& value,
         scale_of(v_scale));
 }
 
+template <auto Decode, typename Scale>
+void decode(const at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
+            const at::Tensor& value_cache, const at::Tensor& block_tables,
+            const at::Tensor& seq_lens, double scale,
+            const std::optional<at::Tensor>& alibi_slopes, const std::string& kv_cache_dtype,
+            Scale k_scale, Scale v_scale) {
+  Decode("decode", out, query, key_cache, value_cache, block_tables, seq_lens, scale,
+         alibi_slopes, kv_cache_dtype, scale_of(k_scale), scale_of(v_scale));
+}
+
 // Registers both overloads of v1, v2 and reshape_and_cache for the library block's dispatch key.
 template <auto Attention, auto Cache>
 void register_ops(torch::Library& m) {
@@ -86,6 +96,21 @@ void register_ops(torch::Library& m) {
   m.impl("v2", &v2<Attention, double>);
   m.impl("reshape_and_cache.scale_tensor", &reshape_and_cache<Cache, const at::Tensor&>);
   m.impl("reshape_and_cache", &reshape_and_cache<Cache, double>);
+}
+
+// Registers both overloads of decode and reshape_and_cache_flash (token-major caches). Decode:
+//   void decode(const char* op, const at::Tensor& out, const at::Tensor& query,
+//               const at::Tensor& key_cache, const at::Tensor& value_cache,
+//               const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
+//               const std::optional<at::Tensor>& alibi_slopes,
+//               const std::string& kv_cache_dtype, ScaleArg k_scale, ScaleArg v_scale);
+// FlashCache: the signature of `cache` above.
+template <auto Decode, auto FlashCache>
+void register_token_major_ops(torch::Library& m) {
+  m.impl("decode.scale_tensor", &decode<Decode, const at::Tensor&>);
+  m.impl("decode", &decode<Decode, double>);
+  m.impl("reshape_and_cache_flash.scale_tensor", &reshape_and_cache<FlashCache, const at::Tensor&>);
+  m.impl("reshape_and_cache_flash", &reshape_and_cache<FlashCache, double>);
 }
 
 }  // namespace overloads

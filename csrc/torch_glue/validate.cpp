@@ -3,6 +3,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <sstream>
 
 namespace paged_attn {
@@ -169,6 +170,125 @@ void check_blocksparse(const char* op, const BlocksparseArgs& b) {
              ") must fit in a 32-bit int (|value| <= ", kInt32Max, ") ", why);
 }
 
+namespace {
+
+// query [num_seqs, num_heads, head_size], last dim contiguous.
+void check_query(const char* op, const at::Tensor& query) {
+  PA_CHECK(query.dim() == 3, "query must be 3-D [num_seqs, num_heads, head_size], got shape ",
+           shape_str(query));
+  PA_CHECK(is_attention_dtype(query.scalar_type()), "query dtype ", query.scalar_type(),
+           " must be float32, float16 or bfloat16");
+  PA_CHECK(query.stride(2) == 1, "query must have a contiguous last dim (got stride ",
+           query.strides(), ")");
+}
+
+// block_tables, seq_lens and out of every attention op (v1, v2, decode).
+void check_rows_and_out(const char* op, const at::Tensor& out, const at::Tensor& query,
+                        const at::Tensor& block_tables, const at::Tensor& seq_lens) {
+  const int64_t num_seqs = query.size(0);
+  PA_CHECK(block_tables.scalar_type() == at::kInt, "block_tables must be int32, got ",
+           block_tables.scalar_type());
+  PA_CHECK(seq_lens.scalar_type() == at::kInt, "seq_lens must be int32, got ",
+           seq_lens.scalar_type());
+  PA_CHECK(block_tables.dim() == 2 && block_tables.size(0) == num_seqs, "block_tables shape ",
+           shape_str(block_tables), " must be [num_seqs = ", num_seqs, ", max_blocks_per_seq]");
+  PA_CHECK(seq_lens.dim() == 1 && seq_lens.size(0) == num_seqs, "seq_lens shape ",
+           shape_str(seq_lens), " must be [num_seqs = ", num_seqs, "]");
+  PA_CHECK(block_tables.is_contiguous(), "block_tables must be contiguous");
+  PA_CHECK(seq_lens.is_contiguous(), "seq_lens must be contiguous");
+
+  PA_CHECK(out.sizes() == query.sizes(), "out shape ", shape_str(out),
+           " must be [num_seqs, num_heads, head_size] = ", query.sizes());
+  PA_CHECK(out.scalar_type() == query.scalar_type(), "out dtype ", out.scalar_type(),
+           " must match query dtype ", query.scalar_type());
+  PA_CHECK(out.is_contiguous(), "out must be contiguous");
+}
+
+// alibi_slopes: float32 [num_heads] or None (nullptr).
+const float* check_alibi(const char* op, const at::Tensor& query,
+                         const std::optional<at::Tensor>& alibi_slopes) {
+  const int64_t num_heads = query.size(1);
+  if (!alibi_slopes.has_value()) return nullptr;
+  const at::Tensor& a = *alibi_slopes;
+  PA_CHECK(a.dim() == 1 && a.size(0) == num_heads && a.scalar_type() == at::kFloat &&
+               a.is_contiguous(),
+           "alibi_slopes must be a contiguous float32 tensor of shape [num_heads = ", num_heads,
+           "], got dtype ", a.scalar_type(), " shape ", shape_str(a));
+  check_same_device(op, query, "query", a, "alibi_slopes");
+  return a.data_ptr<float>();
+}
+
+// Everything of the params but the caches' layouts, heads and sizes (filled by the caller).
+PagedAttentionParams attention_params(const char* op, const at::Tensor& out,
+                                      const at::Tensor& query, const at::Tensor& key_cache,
+                                      const at::Tensor& value_cache, double scale,
+                                      const at::Tensor& block_tables,
+                                      const at::Tensor& seq_lens, const float* alibi,
+                                      CacheKind cache_kind, ScaleArg k_scale, ScaleArg v_scale) {
+  PagedAttentionParams p{};
+  p.out = out.data_ptr();
+  p.query = query.data_ptr();
+  p.key_cache = key_cache.data_ptr();
+  p.value_cache = value_cache.data_ptr();
+  p.block_tables = block_tables.data_ptr<int32_t>();
+  p.seq_lens = seq_lens.data_ptr<int32_t>();
+  p.alibi_slopes = alibi;
+  p.k_scale_ptr = scale_pointer(op, k_scale, "k_scale", query);
+  p.v_scale_ptr = scale_pointer(op, v_scale, "v_scale", query);
+  p.k_scale = static_cast<float>(k_scale.value);
+  p.v_scale = static_cast<float>(v_scale.value);
+  p.scale = static_cast<float>(scale);
+  p.q_seq_stride = query.stride(0);
+  p.q_head_stride = query.stride(1);
+  p.num_seqs = static_cast<int>(query.size(0));
+  p.num_heads = static_cast<int>(query.size(1));
+  p.head_size = static_cast<int>(query.size(2));
+  p.max_blocks_per_seq = static_cast<int>(block_tables.size(1));
+  p.num_blocks = key_cache.size(0);
+  p.max_num_partitions = 1;
+  p.scalar_kind = scalar_kind_of(query.scalar_type());
+  p.cache_kind = cache_kind;
+  return p;
+}
+
+// Token-major caches [num_blocks, block_size, num_kv_heads, head_size] (decode and
+// reshape_and_cache_flash, validation.py _check_flash_caches): one shape for K and V, any
+// strides with stride(-1) == 1 (K and V may differ), block_size > 0.
+void check_token_major_caches(const char* op, const at::Tensor& key_cache,
+                              const at::Tensor& value_cache, CacheKind kind,
+                              at::ScalarType elem_dtype, const char* elem_name) {
+  constexpr const char* kNhd = "[num_blocks, block_size, num_kv_heads, head_size]";
+  const std::pair<const at::Tensor*, const char*> caches[] = {{&key_cache, "key_cache"},
+                                                              {&value_cache, "value_cache"}};
+  for (auto [t, name] : caches)
+    PA_CHECK(t->dim() == 4, name, " must be 4-D ", kNhd,
+             " (an HND cache is passed as cache.transpose(1, 2)), got shape ", shape_str(*t));
+  for (auto [t, name] : caches) {
+    if (kind == CacheKind::kAuto) {
+      PA_CHECK(t->scalar_type() == elem_dtype, name, " dtype ", t->scalar_type(), " must match ",
+               elem_name, " dtype ", elem_dtype, " for kv_cache_dtype=auto");
+    } else {
+      PA_CHECK(t->scalar_type() == at::kByte, name, " dtype ", t->scalar_type(),
+               " must be uint8 for kv_cache_dtype=", kv_cache_dtype_name(kind));
+    }
+  }
+  PA_CHECK(value_cache.sizes() == key_cache.sizes(), "value_cache shape ", shape_str(value_cache),
+           " does not match key_cache shape ", shape_str(key_cache),
+           " (the K and V caches must have one shape ", kNhd, ")");
+  for (auto [t, name] : caches)
+    PA_CHECK(t->stride(3) == 1, name, " must have a contiguous last dim (head_size) (got stride ",
+             t->strides(), ")");
+  check_same_device(op, key_cache, "key_cache", value_cache, "value_cache");
+  PA_CHECK(key_cache.size(1) > 0, "block_size (key_cache.size(1) = ", key_cache.size(1),
+           ") must be > 0");
+}
+
+KvLayout token_major_of(const at::Tensor& cache) {
+  return token_major_layout(cache.stride(0), cache.stride(1), cache.stride(2), cache.size(3));
+}
+
+}  // namespace
+
 PagedAttentionParams make_attention_params(
     const char* op, const at::Tensor& out, const at::Tensor* exp_sums,
     const at::Tensor* max_logits, const at::Tensor* tmp_out, const at::Tensor& query,
@@ -179,14 +299,7 @@ PagedAttentionParams make_attention_params(
     BlocksparseArgs blocksparse) {
   check_blocksparse(op, blocksparse);
   const CacheKind cache_kind = parse_kv_cache_dtype(op, kv_cache_dtype);
-
-  // ---- query: [num_seqs, num_heads, head_size], last dim contiguous ----
-  PA_CHECK(query.dim() == 3, "query must be 3-D [num_seqs, num_heads, head_size], got shape ",
-           shape_str(query));
-  PA_CHECK(is_attention_dtype(query.scalar_type()), "query dtype ", query.scalar_type(),
-           " must be float32, float16 or bfloat16");
-  PA_CHECK(query.stride(2) == 1, "query must have a contiguous last dim (got stride ",
-           query.strides(), ")");
+  check_query(op, query);
   const int64_t num_seqs = query.size(0), num_heads = query.size(1), head_size = query.size(2);
 
   for (auto [t, name] : {std::pair<const at::Tensor*, const char*>{&out, "out"},
@@ -208,24 +321,8 @@ PagedAttentionParams make_attention_params(
   PA_CHECK(block_size == cache.block_size, "block_size (", block_size,
            ") does not match key_cache.size(3) (", cache.block_size, ")");
 
-  // ---- block table and lengths ----
-  PA_CHECK(block_tables.scalar_type() == at::kInt, "block_tables must be int32, got ",
-           block_tables.scalar_type());
-  PA_CHECK(seq_lens.scalar_type() == at::kInt, "seq_lens must be int32, got ",
-           seq_lens.scalar_type());
-  PA_CHECK(block_tables.dim() == 2 && block_tables.size(0) == num_seqs, "block_tables shape ",
-           shape_str(block_tables), " must be [num_seqs = ", num_seqs, ", max_blocks_per_seq]");
-  PA_CHECK(seq_lens.dim() == 1 && seq_lens.size(0) == num_seqs, "seq_lens shape ",
-           shape_str(seq_lens), " must be [num_seqs = ", num_seqs, "]");
-  PA_CHECK(block_tables.is_contiguous(), "block_tables must be contiguous");
-  PA_CHECK(seq_lens.is_contiguous(), "seq_lens must be contiguous");
-
-  // ---- outputs ----
-  PA_CHECK(out.sizes() == query.sizes(), "out shape ", shape_str(out),
-           " must be [num_seqs, num_heads, head_size] = ", query.sizes());
-  PA_CHECK(out.scalar_type() == query.scalar_type(), "out dtype ", out.scalar_type(),
-           " must match query dtype ", query.scalar_type());
-  PA_CHECK(out.is_contiguous(), "out must be contiguous");
+  // ---- block table, lengths, outputs ----
+  check_rows_and_out(op, out, query, block_tables, seq_lens);
   int64_t max_num_partitions = 1;
   const bool is_v2 = tmp_out != nullptr;
   if (is_v2) {
@@ -241,54 +338,64 @@ PagedAttentionParams make_attention_params(
     check_scratch(op, *tmp_out, "tmp_out", num_seqs, num_heads, max_num_partitions, head_size,
                   query.scalar_type(), query);
   }
+  const float* alibi = check_alibi(op, query, alibi_slopes);
 
-  // ---- optional inputs ----
-  const float* alibi = nullptr;
-  if (alibi_slopes.has_value()) {
-    const at::Tensor& a = *alibi_slopes;
-    PA_CHECK(a.dim() == 1 && a.size(0) == num_heads && a.scalar_type() == at::kFloat &&
-                 a.is_contiguous(),
-             "alibi_slopes must be a contiguous float32 tensor of shape [num_heads = ", num_heads,
-             "], got dtype ", a.scalar_type(), " shape ", shape_str(a));
-    check_same_device(op, query, "query", a, "alibi_slopes");
-    alibi = a.data_ptr<float>();
-  }
-
-  PagedAttentionParams p{};
-  p.out = out.data_ptr();
+  PagedAttentionParams p = attention_params(op, out, query, key_cache, value_cache, scale,
+                                            block_tables, seq_lens, alibi, cache_kind, k_scale,
+                                            v_scale);
   p.exp_sums = is_v2 ? exp_sums->data_ptr<float>() : nullptr;
   p.max_logits = is_v2 ? max_logits->data_ptr<float>() : nullptr;
   p.tmp_out = is_v2 ? tmp_out->data_ptr() : nullptr;
-  p.query = query.data_ptr();
-  p.key_cache = key_cache.data_ptr();
-  p.value_cache = value_cache.data_ptr();
-  p.block_tables = block_tables.data_ptr<int32_t>();
-  p.seq_lens = seq_lens.data_ptr<int32_t>();
-  p.alibi_slopes = alibi;
-  p.k_scale_ptr = scale_pointer(op, k_scale, "k_scale", query);
-  p.v_scale_ptr = scale_pointer(op, v_scale, "v_scale", query);
-  p.k_scale = static_cast<float>(k_scale.value);
-  p.v_scale = static_cast<float>(v_scale.value);
-  p.scale = static_cast<float>(scale);
   p.blocksparse = BlocksparseParams{blocksparse.vert_stride, blocksparse.block_size,
                                      blocksparse.local_blocks, blocksparse.head_sliding_step,
                                      blocksparse.tp_rank};
-  p.q_seq_stride = query.stride(0);
-  p.q_head_stride = query.stride(1);
-  p.kv_block_stride = key_cache.stride(0);
-  p.kv_head_stride = key_cache.stride(1);
-  p.num_seqs = static_cast<int>(num_seqs);
-  p.num_heads = static_cast<int>(num_heads);
+  p.kv_form = KvForm::kVllm;
+  p.k_layout = vllm_key_layout(key_cache.stride(0), key_cache.stride(1), block_size, cache.x);
+  p.v_layout = vllm_value_layout(value_cache.stride(0), value_cache.stride(1), block_size);
   p.num_kv_heads = static_cast<int>(num_kv_heads);
-  p.head_size = static_cast<int>(head_size);
   p.block_size = static_cast<int>(block_size);
   p.x = static_cast<int>(cache.x);
-  p.max_blocks_per_seq = static_cast<int>(block_tables.size(1));
-  p.num_blocks = cache.num_blocks;
   p.max_num_partitions = static_cast<int>(max_num_partitions);
   p.max_seq_len = static_cast<int>(max_seq_len);
-  p.scalar_kind = scalar_kind_of(query.scalar_type());
-  p.cache_kind = cache_kind;
+  return p;
+}
+
+PagedAttentionParams make_decode_params(const char* op, const at::Tensor& out,
+                                        const at::Tensor& query, const at::Tensor& key_cache,
+                                        const at::Tensor& value_cache,
+                                        const at::Tensor& block_tables,
+                                        const at::Tensor& seq_lens, double scale,
+                                        const std::optional<at::Tensor>& alibi_slopes,
+                                        const std::string& kv_cache_dtype, ScaleArg k_scale,
+                                        ScaleArg v_scale) {
+  const CacheKind cache_kind = parse_kv_cache_dtype(op, kv_cache_dtype);
+  check_query(op, query);
+  const int64_t num_heads = query.size(1), head_size = query.size(2);
+  for (auto [t, name] : {std::pair<const at::Tensor*, const char*>{&out, "out"},
+                         {&key_cache, "key_cache"}, {&value_cache, "value_cache"},
+                         {&block_tables, "block_tables"}, {&seq_lens, "seq_lens"}}) {
+    check_same_device(op, query, "query", *t, name);
+  }
+  check_token_major_caches(op, key_cache, value_cache, cache_kind, query.scalar_type(), "query");
+  const int64_t block_size = key_cache.size(1), num_kv_heads = key_cache.size(2);
+  PA_CHECK(num_kv_heads > 0 && num_heads % num_kv_heads == 0, "num_heads (", num_heads,
+           ") must be divisible by num_kv_heads (", num_kv_heads, ", key_cache.size(2))");
+  PA_CHECK(key_cache.size(3) == head_size, "head_size (", head_size,
+           ") does not match key_cache.size(3) (", key_cache.size(3), ")");
+  check_rows_and_out(op, out, query, block_tables, seq_lens);
+  const float* alibi = check_alibi(op, query, alibi_slopes);
+
+  PagedAttentionParams p = attention_params(op, out, query, key_cache, value_cache, scale,
+                                            block_tables, seq_lens, alibi, cache_kind, k_scale,
+                                            v_scale);
+  p.kv_form = KvForm::kTokenMajor;
+  p.k_layout = token_major_of(key_cache);
+  p.v_layout = token_major_of(value_cache);
+  p.num_kv_heads = static_cast<int>(num_kv_heads);
+  p.block_size = static_cast<int>(block_size);
+  p.x = static_cast<int>(16 / key_cache.element_size());
+  p.max_seq_len = static_cast<int>(std::min<int64_t>(block_tables.size(1) * block_size,
+                                                     2147483647));
   return p;
 }
 
@@ -364,14 +471,81 @@ ReshapeAndCacheParams make_cache_params(const char* op, const at::Tensor& key,
   p.key_head_stride = key.stride(1);
   p.value_token_stride = value.stride(0);
   p.value_head_stride = value.stride(1);
-  p.kv_block_stride = key_cache.stride(0);
-  p.kv_head_stride = key_cache.stride(1);
+  p.k_layout = vllm_key_layout(key_cache.stride(0), key_cache.stride(1), cache.block_size,
+                               cache.x);
+  p.v_layout = vllm_value_layout(value_cache.stride(0), value_cache.stride(1), cache.block_size);
   p.num_tokens = num_tokens;
   p.num_kv_heads = static_cast<int>(cache.num_kv_heads);
   p.head_size = static_cast<int>(head_size);
   p.block_size = static_cast<int>(cache.block_size);
   p.x = static_cast<int>(cache.x);
   p.num_blocks = cache.num_blocks;
+  p.scalar_kind = scalar_kind_of(key.scalar_type());
+  p.cache_kind = cache_kind;
+  return p;
+}
+
+ReshapeAndCacheParams make_flash_cache_params(const char* op, const at::Tensor& key,
+                                              const at::Tensor& value,
+                                              const at::Tensor& key_cache,
+                                              const at::Tensor& value_cache,
+                                              const at::Tensor& slot_mapping,
+                                              const std::string& kv_cache_dtype,
+                                              ScaleArg k_scale, ScaleArg v_scale) {
+  const CacheKind cache_kind = parse_kv_cache_dtype(op, kv_cache_dtype);
+  PA_CHECK(key.dim() == 3, "key shape ", shape_str(key),
+           " must be [num_tokens, num_kv_heads, head_size]");
+  PA_CHECK(is_attention_dtype(key.scalar_type()), "key dtype ", key.scalar_type(),
+           " must be float32, float16 or bfloat16");
+  PA_CHECK(value.sizes() == key.sizes(), "value shape ", shape_str(value),
+           " must equal key shape ", shape_str(key));
+  PA_CHECK(value.scalar_type() == key.scalar_type(), "value dtype ", value.scalar_type(),
+           " must match key dtype ", key.scalar_type());
+  PA_CHECK(key.stride(2) == 1 && value.stride(2) == 1,
+           "key and value must have a contiguous last dim (got strides ", key.strides(), " and ",
+           value.strides(), ")");
+  for (auto [t, name] : {std::pair<const at::Tensor*, const char*>{&value, "value"},
+                         {&key_cache, "key_cache"}, {&value_cache, "value_cache"},
+                         {&slot_mapping, "slot_mapping"}}) {
+    check_same_device(op, key, "key", *t, name);
+  }
+  check_token_major_caches(op, key_cache, value_cache, cache_kind, key.scalar_type(), "key");
+  PA_CHECK(key.size(1) == key_cache.size(2), "key shape ", shape_str(key),
+           " does not match key_cache (num_kv_heads = key_cache.size(2) = ", key_cache.size(2),
+           ")");
+  PA_CHECK(key.size(2) == key_cache.size(3), "head_size (", key.size(2),
+           ") does not match key_cache.size(3) (", key_cache.size(3), ")");
+  PA_CHECK(slot_mapping.scalar_type() == at::kLong, "slot_mapping must be int64, got ",
+           slot_mapping.scalar_type());
+  // vLLM's rule: slot_mapping says how many tokens to store; key may hold more rows (padding).
+  PA_CHECK(slot_mapping.dim() == 1 && slot_mapping.size(0) <= key.size(0) &&
+               slot_mapping.is_contiguous(),
+           "slot_mapping shape ", shape_str(slot_mapping),
+           " must be [num_tokens] with num_tokens <= key.size(0) = ", key.size(0),
+           ", and contiguous");
+
+  ReshapeAndCacheParams p{};
+  p.key = key.data_ptr();
+  p.value = value.data_ptr();
+  p.key_cache = key_cache.data_ptr();
+  p.value_cache = value_cache.data_ptr();
+  p.slot_mapping = slot_mapping.data_ptr<int64_t>();
+  p.k_scale_ptr = scale_pointer(op, k_scale, "k_scale", key);
+  p.v_scale_ptr = scale_pointer(op, v_scale, "v_scale", key);
+  p.k_scale = static_cast<float>(k_scale.value);
+  p.v_scale = static_cast<float>(v_scale.value);
+  p.key_token_stride = key.stride(0);
+  p.key_head_stride = key.stride(1);
+  p.value_token_stride = value.stride(0);
+  p.value_head_stride = value.stride(1);
+  p.k_layout = token_major_of(key_cache);
+  p.v_layout = token_major_of(value_cache);
+  p.num_tokens = slot_mapping.size(0);
+  p.num_kv_heads = static_cast<int>(key_cache.size(2));
+  p.head_size = static_cast<int>(key_cache.size(3));
+  p.block_size = static_cast<int>(key_cache.size(1));
+  p.x = static_cast<int>(16 / key_cache.element_size());
+  p.num_blocks = key_cache.size(0);
   p.scalar_kind = scalar_kind_of(key.scalar_type());
   p.cache_kind = cache_kind;
   return p;

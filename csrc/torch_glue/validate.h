@@ -45,6 +45,17 @@ PagedAttentionParams make_attention_params(
     const std::string& kv_cache_dtype, ScaleArg k_scale, ScaleArg v_scale,
     BlocksparseArgs blocksparse);
 
+// decode's checks (token-major caches [num_blocks, block_size, num_kv_heads, head_size], any
+// strides with stride(-1) == 1; num_kv_heads and block_size from their shape). Reads no data.
+PagedAttentionParams make_decode_params(const char* op, const at::Tensor& out,
+                                        const at::Tensor& query, const at::Tensor& key_cache,
+                                        const at::Tensor& value_cache,
+                                        const at::Tensor& block_tables,
+                                        const at::Tensor& seq_lens, double scale,
+                                        const std::optional<at::Tensor>& alibi_slopes,
+                                        const std::string& kv_cache_dtype, ScaleArg k_scale,
+                                        ScaleArg v_scale);
+
 // Data-dependent checks (reads block_tables / seq_lens; they must be CPU tensors' pointers):
 // 0 <= seq_len <= max_blocks_per_seq * block_size, every USED block id in [0, num_blocks),
 // and (v2) max_num_partitions >= ceil(seq_len / 512). Entries past a row's used blocks are
@@ -58,6 +69,15 @@ ReshapeAndCacheParams make_cache_params(const char* op, const at::Tensor& key,
                                         const at::Tensor& slot_mapping,
                                         const std::string& kv_cache_dtype, ScaleArg k_scale,
                                         ScaleArg v_scale);
+
+// reshape_and_cache_flash checks (token-major caches as decode's); reads no data.
+ReshapeAndCacheParams make_flash_cache_params(const char* op, const at::Tensor& key,
+                                              const at::Tensor& value,
+                                              const at::Tensor& key_cache,
+                                              const at::Tensor& value_cache,
+                                              const at::Tensor& slot_mapping,
+                                              const std::string& kv_cache_dtype,
+                                              ScaleArg k_scale, ScaleArg v_scale);
 
 // Data-dependent: every non-negative slot < num_blocks * block_size (CPU pointers).
 void check_cache_data(const char* op, const ReshapeAndCacheParams& p);

@@ -48,9 +48,9 @@ void read_into(std::ifstream& f, std::vector<T>& v, int64_t n, const std::string
 Case read_case(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   char magic[8];
-  int64_t h[16];
+  int64_t h[21];
   float fl[5];
-  if (!f.read(magic, 8) || std::memcmp(magic, "PACASE1", 8) != 0) die(path + ": bad magic");
+  if (!f.read(magic, 8) || std::memcmp(magic, "PACASE2", 8) != 0) die(path + ": bad magic");
   if (!f.read(reinterpret_cast<char*>(h), sizeof h) || !f.read(reinterpret_cast<char*>(fl), sizeof fl))
     die(path + ": truncated header");
   Case c;
@@ -59,16 +59,23 @@ Case read_case(const std::string& path) {
   p.cache_kind = static_cast<CacheKind>(h[1]);
   p.num_seqs = h[2], p.num_heads = h[3], p.num_kv_heads = h[4], p.head_size = h[5];
   p.block_size = h[6], p.x = h[7], p.max_blocks_per_seq = h[8], p.num_blocks = h[9];
-  p.kv_block_stride = h[11], p.kv_head_stride = h[12];
+  p.kv_form = static_cast<KvForm>(h[11]);  // each cache's layout (core/kv_layout.h)
+  if (p.kv_form == KvForm::kTokenMajor) {
+    p.k_layout = token_major_layout(h[12], h[14], h[13], p.head_size);
+    p.v_layout = token_major_layout(h[15], h[17], h[16], p.head_size);
+  } else {
+    p.k_layout = vllm_key_layout(h[12], h[13], p.block_size, p.x);
+    p.v_layout = vllm_value_layout(h[15], h[16], p.block_size);
+  }
   p.scale = fl[0], c.k_scale = fl[1], c.v_scale = fl[2], c.atol = fl[3], c.rtol = fl[4];
   p.k_scale = c.k_scale, p.v_scale = c.v_scale;  // float overload: no scale pointers
   std::vector<char> name;
-  read_into(f, name, h[15], path);
+  read_into(f, name, h[20], path);
   c.name.assign(name.begin(), name.end());
   const int64_t qn = int64_t{p.num_seqs} * p.num_heads * p.head_size;
   read_into(f, c.query, qn, path);
-  read_into(f, c.k, h[13], path);
-  read_into(f, c.v, h[14], path);
+  read_into(f, c.k, h[18], path);
+  read_into(f, c.v, h[19], path);
   read_into(f, c.tables, int64_t{p.num_seqs} * p.max_blocks_per_seq, path);
   read_into(f, c.lens, p.num_seqs, path);
   if (h[10]) read_into(f, c.alibi, p.num_heads, path);
