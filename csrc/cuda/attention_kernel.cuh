@@ -1,5 +1,7 @@
 // attention_kernel.cuh — the paged attention kernel: v1 (one pass over the whole row) and v2
-// phase 1 (one 512-token partition per thread block). Raw pointers + PagedAttentionParams only.
+// phase 1 (one 512-token partition per thread block); decode is v1 over token-major caches
+// (p.kv_form, core/kv_layout.h: the same code, K and V addressed through their layouts).
+// Raw pointers + PagedAttentionParams only.
 //
 // Algorithm. One thread block serves one (sequence, KV head, partition) and ALL the query heads
 // that read that KV head (in passes of kHeadTile heads; one pass when the GQA ratio <= 8), so K
@@ -7,13 +9,15 @@
 //   1. The pass's query rows, times `scale`, go to shared memory as fp32.
 //   2. The block's kNumWarps warps walk the token range in tiles of kWarpSize tokens (tile i goes
 //      to warp i % kNumWarps). QK: lane l owns token t = tile + l, reads that token's key with
-//      16-byte loads along head_size (K layout [.., head_size/x, block_size, x]) and computes one
-//      logit per query head against the shared-memory queries.
+//      16-byte loads along head_size (vLLM's K [.., head_size/x, block_size, x]: one x-chunk
+//      per load; token-major: the token's contiguous row) and computes one logit per query head
+//      against the shared-memory queries.
 //   3. Each warp keeps an online softmax per head: a warp-uniform running max (butterfly max of
 //      the tile), a per-lane running exp sum, and the UNnormalised output, lane l owning dims
 //      l + kWarpSize * j. P.V: the tile's probabilities go through shared memory; each lane reads
-//      its dims' V rows (V layout [.., head_size, block_size]) kVVec tokens at a time with one
-//      vector load and multiplies them in.
+//      its dims' V rows (vLLM's V [.., head_size, block_size]) kVVec tokens at a time with one
+//      vector load (token-major V, or a block size not a multiple of kVVec: one element per
+//      token and dim, consecutive lanes reading consecutive dims) and multiplies them in.
 //   4. End of range: each warp merges its lanes' (max, sum) with a butterfly (warp_reduce.cuh),
 //      then the warps' compound states (max, sum, output) are merged through shared memory in warp
 //      order 0, 1, ... (compound_state.h). v1 writes out = output / sum; v2 writes the
@@ -153,10 +157,16 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
     k_scale = p.k_scale_ptr != nullptr ? *p.k_scale_ptr : p.k_scale;
     v_scale = p.v_scale_ptr != nullptr ? *p.v_scale_ptr : p.v_scale;
   }
-  // V groups of kVVec tokens sit in one cache block when block_size % kVVec == 0 (8, 16, 32, ...);
-  // other block sizes take the per-token path.
-  const bool v_vectorized = block_size % kVVec == 0;
-  const int64_t k_vec_stride = static_cast<int64_t>(block_size) * kX;  // next x-chunk of a key
+  // Cache addressing (core/kv_layout.h). K: token t of a block starts at t * token_stride; its
+  // i-th 16-byte vector (kX dims) lies i * k_vec_stride further: the next x-chunk in vLLM's K,
+  // the next kX dims of the token's contiguous row in a token-major cache. V: dim d of a token
+  // lies d * v_dim_stride from its start (vLLM's V: block_size; token-major: 1).
+  const bool token_major = p.kv_form == KvForm::kTokenMajor;
+  const int64_t k_vec_stride = token_major ? kX : p.k_layout.chunk_stride;
+  const int64_t v_dim_stride = token_major ? 1 : p.v_layout.chunk_stride;
+  // vLLM's V holds kVVec consecutive tokens of a dim in one vector when block_size % kVVec == 0
+  // (8, 16, 32, ...); other block sizes and token-major caches take the per-token path.
+  const bool v_vectorized = !token_major && block_size % kVVec == 0;
   const int num_k_vecs = head_size / kX;
   const CudaShuffleXor<kWarpSize> shuffle;
   bool bad_block = false;  // a used block id outside [0, num_blocks) was met
@@ -213,7 +223,7 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
         }
         if (heads_mask != 0) {
           const CacheT* k_tok = k_head + block_id * p.k_layout.block_stride +
-                                static_cast<int64_t>(t % block_size) * kX;
+                                static_cast<int64_t>(t % block_size) * p.k_layout.token_stride;
           float dot[kHeadTile];
 #pragma unroll
           for (int g = 0; g < kHeadTile; ++g) dot[g] = 0.0f;
@@ -302,12 +312,12 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
             }
             const CacheT* v_tok = v_head +
                                   (block_id < 0 ? 0 : block_id) * p.v_layout.block_stride +
-                                  static_cast<int64_t>(te % block_size);
+                                  static_cast<int64_t>(te % block_size) * p.v_layout.token_stride;
 #pragma unroll
             for (int j = 0; j < kDimsPerLane; ++j) {
               const int d = lane + j * kWarpSize;
               v[j][e] = (block_id >= 0 && d < head_size)
-                            ? load_one(v_tok + static_cast<int64_t>(d) * block_size, e5m2)
+                            ? load_one(v_tok + d * v_dim_stride, e5m2)
                             : 0.0f;
             }
           }
