@@ -9,8 +9,11 @@
 #        default all),
 #        FROM_LOG (parse this build log instead of compiling, e.g. the output of
 #        `PAGED_ATTN_PTXAS_VERBOSE=1 python setup.py build_ext --inplace`: the real build's flags).
-# Needs no GPU and no torch: the kernel files include only csrc/ headers and the CUDA toolkit.
-# Exits non-zero when any kernel spills (the project's rule: 0 bytes spill everywhere).
+# Needs no GPU and no torch: the kernel files include only csrc/ headers and the CUDA toolkit
+# (and a host C++ compiler, CXX or c++, for the expected kernel count).
+# Exits non-zero when any kernel spills (the project's rule: 0 bytes spill everywhere), when a
+# kernel's ptxas lines cannot be parsed, or when an arch's kernel count differs from the count the
+# instantiation lists give (below: "expected kernels").
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${1:-$ROOT/docs/cuda_resource_report.txt}"
@@ -30,6 +33,37 @@ for glob in "${GLOBS[@]}"; do
     [[ "$(basename "$f")" == ops_cuda.cu ]] || FILES+=("$f")
   done
 done
+
+# Expected kernels per arch, from the instantiation lists: per (dtype, cache) pair explicitly
+# instantiated by an attention_*.cu file, attention_kernels_per_pair() (csrc/cuda/dispatch.cuh,
+# computed by running its dispatchers); one reduce kernel per explicit launch_v2_reduce
+# instantiation; reshape_and_cache.cu: two kernels per query dtype of the attention files (a cache
+# of that dtype, fp8 bytes; e4m3 and e5m2 share the byte kernel).
+printf '#include <cstdio>\n#include "cuda/dispatch.cuh"\nint main() { std::printf("%%d\\n", paged_attn::cuda::attention_kernels_per_pair()); }\n' \
+  > "$WORK/count.cpp"
+"${CXX:-c++}" -std=c++17 -I"$ROOT/csrc" "$WORK/count.cpp" -o "$WORK/count"
+PER_PAIR="$("$WORK/count")"
+if [[ -n "${FROM_LOG:-}" ]]; then
+  FILES=()  # a real build compiles every kernel file
+  for f in "$ROOT"/csrc/cuda/*.cu; do [[ "$(basename "$f")" == ops_cuda.cu ]] || FILES+=("$f"); done
+fi
+EXPECTED="$(python3 - "$PER_PAIR" "$ROOT/csrc/cuda" "${FILES[@]}" <<'PY'
+import glob, os, re, sys
+per_pair, cuda_dir, files = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+pair = re.compile(r"template void launch_paged_attention<ScalarKind::(\w+), CacheKind::(\w+)>")
+reduce = re.compile(r"template void launch_v2_reduce<ScalarKind::(\w+)>")
+dtypes = set()
+for f in glob.glob(os.path.join(cuda_dir, "attention_*.cu")):
+    dtypes |= {m.group(1) for m in pair.finditer(open(f).read())}
+total = 0
+for f in files:
+    text = open(f).read()
+    total += per_pair * len(pair.findall(text)) + len(reduce.findall(text))
+    if os.path.basename(f) == "reshape_and_cache.cu":
+        total += 2 * len(dtypes)
+print(total)
+PY
+)"
 
 start=$(date +%s)
 if [[ -n "${FROM_LOG:-}" ]]; then
@@ -51,17 +85,26 @@ elapsed=$(( $(date +%s) - start ))
 # ptxas prints, per kernel: "Compiling entry function 'NAME' for 'sm_XX'", then
 # "N bytes stack frame, N bytes spill stores, N bytes spill loads", then "Used N registers, ...",
 # which names "N bytes smem" only when the kernel has shared memory (reshape_and_cache has none).
-python3 - "$WORK" "$OUT" "$elapsed" "$NVCC" <<'PY'
-import glob, os, re, subprocess, sys
+# Every "Compiling entry function" must end in a row: a kernel whose lines do not parse is an
+# error, never a kernel left out of the count.
+python3 - "$WORK" "$OUT" "$elapsed" "$NVCC" "$EXPECTED" "$ARCHS" <<'PY'
+import collections, glob, os, re, subprocess, sys
 work, out, elapsed, nvcc = sys.argv[1:5]
+expected = int(sys.argv[5])
 rows = []
+entries = collections.Counter()  # arch -> "Compiling entry function" lines
+unparsed = []
 for log in sorted(glob.glob(os.path.join(work, "*.log"))):
     name = arch = None
     stack = spill_st = spill_ld = None
     for line in open(log):
         m = re.search(r"Compiling entry function '([^']+)' for '(sm_\d+)'", line)
         if m:
+            if name:
+                unparsed.append((arch, name))
             name, arch = m.group(1), m.group(2)
+            entries[arch] += 1
+            stack = spill_st = spill_ld = None
             continue
         m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
         if m and name:
@@ -69,10 +112,16 @@ for log in sorted(glob.glob(os.path.join(work, "*.log"))):
             continue
         m = re.search(r"Used (\d+) registers", line)
         if m and name:
+            if stack is None:  # no "bytes stack frame" line: spills unknown
+                unparsed.append((arch, name))
+                name = None
+                continue
             smem = re.search(r"(\d+) bytes smem", line)
             rows.append((os.path.basename(log).split(".")[0], arch, name, int(m.group(1)), stack,
                          spill_st, spill_ld, int(smem.group(1)) if smem else 0))
             name = None
+    if name:
+        unparsed.append((arch, name))
 names = sorted({r[2] for r in rows})
 try:
     demangled = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True,
@@ -89,19 +138,35 @@ def short(n):
     s = s.replace("__nv_bfloat16", "bf16").replace("__half", "f16").replace("unsigned char", "u8")
     return s
 spilling = [r for r in rows if r[5] or r[6]]
+source = os.environ.get("FROM_LOG")
+per_arch = collections.Counter(r[1] for r in rows)
+archs = sorted(per_arch)
+if sys.argv[6]:  # the archs asked for (direct compile); a build log names its own
+    archs = sorted({"sm_" + a.replace("+PTX", "").replace(".", "") for a in sys.argv[6].split(";")})
+wrong_count = [a for a in archs if per_arch[a] != expected]
 version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
 with open(out, "w") as f:
     f.write("# CUDA kernel resource report (ptxas -v), written by scripts/cuda_resource_report.sh\n")
     f.write(f"# nvcc: {version}\n")
-    source = os.environ.get("FROM_LOG")
     f.write(f"# source: {'build log ' + os.path.basename(source) if source else 'direct nvcc -O3 per .cu file'}\n")
-    f.write(f"# kernels: {len(rows)}  spilling: {len(spilling)}  compile wall time: {elapsed} s\n")
+    f.write(f"# kernels: {len(rows)} ({', '.join(f'{a}: {per_arch[a]}' for a in archs)}; "
+            f"expected per arch from the instantiation lists: {expected})  "
+            f"spilling: {len(spilling)}  "
+            + ("(parsed from the build's log)\n" if source else f"compile wall time: {elapsed} s\n"))
     f.write("# attention kernel template args: <Scalar, cache, kDimsPerLane, kHeadTile, warp, warps>\n")
     f.write(f"{'arch':7} {'regs':>4} {'stack':>5} {'spill_st':>8} {'spill_ld':>8} {'smem':>6}  kernel\n")
     for file, arch, name, regs, stack, st, ld, smem in sorted(rows, key=lambda r: (r[1], short(r[2]))):
         f.write(f"{arch:7} {regs:4d} {stack:5d} {st:8d} {ld:8d} {smem:6d}  {short(name)}\n")
-print(f"{len(rows)} kernels, {len(spilling)} spilling, {elapsed} s -> {out}")
+print(f"{len(rows)} kernels ({', '.join(f'{a}: {per_arch[a]}' for a in archs)}; expected "
+      f"{expected} per arch), {len(spilling)} spilling, {elapsed} s -> {out}")
 for r in spilling:
     print("SPILL", r[1], short(r[2]), r[5], r[6])
-sys.exit(1 if spilling or not rows else 0)
+for arch, name in unparsed:
+    print("UNPARSED ptxas lines of", arch, short(name))
+for a in wrong_count:
+    print(f"COUNT {a}: {per_arch[a]} kernels in the report, {expected} expected from the "
+          "instantiation lists")
+if not archs:
+    print("no kernel found in the ptxas output")
+sys.exit(1 if spilling or unparsed or wrong_count or not archs or not rows else 0)
 PY

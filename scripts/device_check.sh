@@ -3,19 +3,22 @@
 #
 # Usage: scripts/device_check.sh [output dir]     (default: $OUT if set, else ./device-out)
 # Env:   PYTHON  a python with a CUDA torch (default: the repo's .venv if present, else python3)
+#        CHECK_BUDGET  seconds for the whole check (default 450)
 #
-# Steps (each under a time limit; the whole script stays under ~8 minutes):
+# Steps, each under its own time limit AND the whole script under one budget: CHECK_BUDGET
+# seconds (default 450, so the check ends within 8 minutes whatever hangs); a step gets
+# min(its limit, what is left), and a step with under 15 s left is not started (row "skipped").
 #   1. GPU present? (nvidia-smi and torch.cuda.is_available(); exits 3 at once if not)
-#   2. build the extension with all cores for this GPU's arch (MAX_JOBS=16,
+#   2. build the extension with all cores for this GPU's arch only (MAX_JOBS=16,
 #      TORCH_CUDA_ARCH_LIST from the device capability), ptxas resource report in the log
 #   3. tests/test_cuda_kernels.py, tests/test_warp_reduce_host.py, tests/test_cuda_arch.py (the
-#      arch check's first call on each GPU) and the CUDA cases of the fallback tests (CUDA-graph
-#      replay of the PyTorch implementation)
+#      arch check's first call on each GPU), the CUDA cases of the fallback tests (CUDA-graph
+#      replay of the PyTorch implementation) and of tests/test_blocksparse.py
 #   4. python -m paged_attention_ext check (every backend on this machine vs the oracle)
 #   5. scripts/bench_cuda.py (ours vs SDPA vs the oracle, with the copy bandwidth)
 #   6. the CLI benchmark, python -m paged_attention_ext bench --device cuda
-# Writes <out>/<step>.log, <out>/bench_cuda.md and <out>/results.md (one row per step): 8 files,
-# the most the device tool brings back (the ptxas report is inside build.log).
+# Writes <out>/<step>.log, <out>/bench_cuda.md and <out>/results.md (one row per step): 8 files
+# (the ptxas report is inside build.log).
 # No network is needed. Exit status: 0 when every step passed, else the number of failed steps
 # (3 when there is no GPU).
 set -uo pipefail
@@ -34,6 +37,11 @@ else
   PY="python3"
 fi
 
+SCRIPT_START=$(date +%s)
+BUDGET="${CHECK_BUDGET:-450}"
+KILL_AFTER=5     # seconds between a step's TERM and KILL
+MIN_STEP=15      # a step with less time left than this is not started
+
 RESULTS="$OUT_DIR/results.md"
 {
   echo "# device_check.sh results"
@@ -45,14 +53,23 @@ RESULTS="$OUT_DIR/results.md"
 } > "$RESULTS"
 FAILED=0
 
-# run_step NAME TIMEOUT_SECONDS COMMAND... : runs with a time limit, logs, adds a results row.
+# run_step NAME TIMEOUT_SECONDS COMMAND... : runs with a time limit (the step's, cut to what is
+# left of the budget), logs, adds a results row.
 run_step() {
   local name="$1" limit="$2"
   shift 2
   local log="$OUT_DIR/$name.log" start status
   start=$(date +%s)
+  local left=$(( BUDGET - (start - SCRIPT_START) - KILL_AFTER ))
+  if (( left < MIN_STEP )); then
+    echo "== $name: skipped, ${left}s left of the ${BUDGET}s budget"
+    echo "| $name | SKIPPED (time budget) | 0 | |" >> "$RESULTS"
+    FAILED=$((FAILED + 1))
+    return 124
+  fi
+  (( limit > left )) && limit=$left
   echo "== $name (limit ${limit}s): $*"
-  timeout --kill-after=10 "$limit" "$@" > "$log" 2>&1
+  timeout --kill-after="$KILL_AFTER" "$limit" "$@" > "$log" 2>&1
   local rc=$?
   local secs=$(( $(date +%s) - start ))
   if [[ $rc -eq 0 ]]; then
@@ -71,12 +88,12 @@ run_step() {
 }
 
 # ---- 1. GPU present? fail fast and clearly when not ----
-if ! command -v nvidia-smi > /dev/null 2>&1 || ! timeout 20 nvidia-smi -L > "$OUT_DIR/gpu.log" 2>&1; then
+if ! command -v nvidia-smi > /dev/null 2>&1 || ! timeout -k 5 15 nvidia-smi -L > "$OUT_DIR/gpu.log" 2>&1; then
   echo "device_check.sh: no NVIDIA GPU here (nvidia-smi missing or failing); nothing to check." >&2
   echo "| gpu | NO GPU (nvidia-smi) | 0 | gpu.log |" >> "$RESULTS"
   exit 3
 fi
-ARCH=$(timeout 60 "$PY" -c "
+ARCH=$(timeout -k 5 45 "$PY" -c "
 import torch, sys
 if not torch.cuda.is_available():
     sys.exit('torch.cuda.is_available() is False (torch ' + torch.__version__ + ', CUDA ' + str(torch.version.cuda) + ')')
@@ -94,7 +111,7 @@ echo "| gpu | ok: $(head -n 1 "$OUT_DIR/gpu.log" | cut -c1-60), sm_${ARCH/./} | 
 # ---- 2. build for this GPU ----
 export MAX_JOBS=16 TORCH_CUDA_ARCH_LIST="$ARCH" PAGED_ATTN_BUILD_CUDA=1 PAGED_ATTN_PTXAS_VERBOSE=1
 if [[ -z "${CUDA_HOME:-}" && -d /usr/local/cuda ]]; then export CUDA_HOME=/usr/local/cuda; fi
-run_step build 300 "$PY" setup.py build_ext --inplace
+run_step build 200 "$PY" setup.py build_ext --inplace
 BUILD_RC=$?
 if [[ $BUILD_RC -ne 0 ]]; then
   echo "device_check.sh: the build failed; see $OUT_DIR/build.log" >&2
@@ -104,20 +121,23 @@ echo "ptxas: $(grep -c 'Compiling entry' "$OUT_DIR/build.log") kernels compiled,
 
 # ---- 3. tests ----
 # --maxfail, not -x: a first run on a GPU should show every failing case, not only the first.
-run_step tests_cuda 200 "$PY" -m pytest tests/test_cuda_kernels.py tests/test_warp_reduce_host.py \
-  tests/test_cuda_arch.py "tests/test_fallback.py" -k "cuda or graph or warp" -q --maxfail=30 -rs -p no:cacheprovider
+run_step tests_cuda 150 "$PY" -m pytest tests/test_cuda_kernels.py tests/test_warp_reduce_host.py \
+  tests/test_cuda_arch.py tests/test_fallback.py tests/test_blocksparse.py -k "cuda or graph or warp" \
+  -q --maxfail=30 -rs -p no:cacheprovider
 
 # ---- 4. every backend on this machine against the oracle ----
-run_step check 120 "$PY" -m paged_attention_ext check
+run_step check 40 "$PY" -m paged_attention_ext check
 
 # ---- 5. our benchmark ----
-run_step bench_cuda 120 "$PY" scripts/bench_cuda.py --iters 30 --out "$OUT_DIR/bench_cuda.md"
+run_step bench_cuda 60 "$PY" scripts/bench_cuda.py --iters 30 --out "$OUT_DIR/bench_cuda.md"
 
-# ---- 6. the CLI benchmark (written by another engineer; optional when the CLI lacks it) ----
-if "$PY" -m paged_attention_ext bench --help > /dev/null 2>&1; then
-  run_step bench_cli 90 "$PY" -m paged_attention_ext bench --device cuda
+# ---- 6. the CLI benchmark (skipped when the CLI has no bench subcommand or no time is left) ----
+# (the probe runs only with time left for it and a step after it: the budget holds)
+if (( BUDGET - ($(date +%s) - SCRIPT_START) > 25 + MIN_STEP )) &&
+   timeout -k 5 20 "$PY" -m paged_attention_ext bench --help > /dev/null 2>&1; then
+  run_step bench_cli 40 "$PY" -m paged_attention_ext bench --device cuda
 else
-  echo "| bench_cli | skipped (no 'bench' subcommand) | 0 | |" >> "$RESULTS"
+  echo "| bench_cli | skipped (no 'bench' subcommand, or no time left for it) | 0 | |" >> "$RESULTS"
 fi
 
 echo

@@ -467,15 +467,7 @@ def test_bad_input_raises_value_error(backend, op, row_regex, regex, mutate, com
     _assert_untouched(args, before)
 
 
-# Rows whose error only a CUDA device can raise, tested where one is: row -> test.
-CUDA_ONLY_ROWS = {
-    r"blocksparse attention .* not implemented by the CUDA kernels":
-        "tests/test_blocksparse.py::test_ops_compute_or_reject_blocksparse[cuda]",
-}
-
-
 def test_every_design_table_row_has_a_case():
     covered = {p.values[1] for p in CASES} | {p.values[4] for p in CASES if p.values[4]}
-    missing = [row for row, regex in DESIGN_ROWS.items()
-               if regex not in covered and row not in CUDA_ONLY_ROWS]
+    missing = [row for row, regex in DESIGN_ROWS.items() if regex not in covered]
     assert not missing, f"DESIGN.md rows without a bad-input case: {missing}"

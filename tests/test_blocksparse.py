@@ -1,20 +1,17 @@
 """Blocksparse attention outside the oracle: the PyTorch fallback against the oracle (the cases
 of tests/test_blocksparse_reference.py, each under several chunkings), its sync-freedom, and who
-serves a blocksparse call: the PyTorch implementation and the C++ CPU kernel compute it (the CPU
-kernel's variants are checked case by case in tests/test_cpu_kernel.py), the CUDA kernel rejects
-it with a clear error until it implements it, never a wrong result.
+serves a blocksparse call: the PyTorch implementation, the C++ CPU kernel and the CUDA kernel
+compute it (the CPU kernel's variants are checked case by case in tests/test_cpu_kernel.py, the
+CUDA kernel's in tests/test_cuda_kernels.py), never a dense result.
 """
 
 import pytest
 import torch
 
-from paged_attention_ext import api, backends, fallback, reference, testing, vllm_compat
+from paged_attention_ext import api, fallback, reference, testing, vllm_compat
 from paged_attention_ext.validation import Blocksparse
-from test_bad_input import DESIGN_ROWS
 from test_fallback import chunking  # noqa: F401  (the fallback's chunkings, a fixture)
 from test_blocksparse_reference import CASES, _inputs, _mask, _poison_skipped
-
-CUDA_ROW = r"blocksparse attention .* not implemented by the CUDA kernels"
 
 
 def _check(v1, v2, inputs, sparse):
@@ -54,43 +51,22 @@ def test_fallback_compiles_fullgraph():
 
 # ---- who serves a blocksparse call ----
 
-def _assert_rejected_by_cuda_kernel(call, outputs):
-    before = [t.clone() for t in outputs]
-    with pytest.raises(ValueError, match=DESIGN_ROWS[CUDA_ROW]) as info:
-        call()
-    assert str(info.value).startswith("paged_attn.v")
-    for old, new in zip(before, outputs):
-        assert torch.equal(old.isnan(), new.isnan()), "a rejected call wrote its outputs"
-
-
-def _ops_v1_v2_on(device):
-    """(served by the CUDA kernel, which rejects blocksparse?, v1, v2): torch.ops.paged_attn."""
-    ops = torch.ops.paged_attn
-    return device == "cuda" and backends.compiled_kernel("v1", "CUDA"), ops.v1, ops.v2
-
-
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_ops_compute_or_reject_blocksparse(device):
-    """torch.ops.paged_attn: the C++ CPU kernel and the PyTorch implementation (no compiled
-    kernel for the device, e.g. PAGED_ATTN_DISABLE_EXTENSION=1) match the oracle; the CUDA kernel
-    raises its error."""
+def test_ops_compute_blocksparse(device):
+    """torch.ops.paged_attn: the compiled kernel of the device (C++ CPU, CUDA) or the PyTorch
+    implementation (no compiled kernel for the device, e.g. PAGED_ATTN_DISABLE_EXTENSION=1)
+    matches the oracle, NaN in the skipped blocks."""
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("no CUDA device (torch.cuda.is_available() is False)")
-    rejects, v1, v2 = _ops_v1_v2_on(device)
     case = CASES[1]
     inputs = _inputs(case, seed=10)
+    inputs = _poison_skipped(inputs, _mask(inputs, case[2]))
     if device == "cuda":
         inputs = testing.AttentionInputs(**{**vars(inputs), **{
             f: getattr(inputs, f).to(device) for f in
             ("query", "key_cache", "value_cache", "block_tables", "seq_lens", "alibi_slopes")
             if getattr(inputs, f) is not None}})
-    if not rejects:
-        _check(v1, v2, inputs, case[2])
-        return
-    outs = testing.alloc_v2_outputs(inputs)
-    _assert_rejected_by_cuda_kernel(lambda: testing.call_v2(v2, inputs, outs, case[2]), outs)
-    out = testing.alloc_v1_outputs(inputs)
-    _assert_rejected_by_cuda_kernel(lambda: testing.call_v1(v1, inputs, out, case[2]), [out])
+    _check(torch.ops.paged_attn.v1, torch.ops.paged_attn.v2, inputs, case[2])
 
 
 def test_vllm_compat_and_api_route_blocksparse_like_the_ops():
@@ -134,7 +110,7 @@ def test_api_validate_rejects_bad_blocksparse_arguments():
 
 def test_fake_kernels_accept_blocksparse():
     # torch.compile traces through the fake (meta) kernels: they accept an active blocksparse
-    # call (the real kernel then computes or rejects it) and reject bad blocksparse arguments.
+    # call (the real kernel then computes it) and reject bad blocksparse arguments.
     i = _inputs(CASES[0], seed=13)
     meta = {f: getattr(i, f).to("meta") for f in
             ("query", "key_cache", "value_cache", "block_tables", "seq_lens")}

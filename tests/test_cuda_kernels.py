@@ -9,8 +9,12 @@ fails for a build without CUDA too. The other tests run kernels: only where torc
 Inputs come from paged_attention_ext.testing: N(0,1) q/k/v (sharp softmax), shuffled block tables
 with garbage past each row, NaN-poisoned unused cache slots, fp8 caches with scales != 1, outputs
 pre-filled with NaN. All four v2 outputs are compared (scratch only where the contract defines it).
+Blocksparse cases poison every skipped (cache block, KV head) with NaN. decode runs on the
+token-major layouts of testing.DECODE_LAYOUTS against reference.decode and against v1 on the same
+K/V in vLLM's layout; reshape_and_cache(_flash) are compared bit for bit.
 """
 
+import dataclasses
 import math
 
 import pytest
@@ -22,6 +26,11 @@ from paged_attention_ext import backends, reference, schemas, testing
 from paged_attention_ext.testing import (alloc_v1_outputs, alloc_v2_outputs, assert_out_matches,
                                          assert_v2_matches, call_v1, call_v2,
                                          make_attention_inputs, with_strided_caches)
+from paged_attention_ext.validation import Blocksparse
+from test_blocksparse_reference import CASES as BLOCKSPARSE_CASES
+from test_blocksparse_reference import _inputs as blocksparse_inputs
+from test_blocksparse_reference import _mask as blocksparse_mask
+from test_blocksparse_reference import _poison_skipped as poison_skipped
 
 CUDA = torch.cuda.is_available()
 pytestmark = pytest.mark.cuda
@@ -169,6 +178,68 @@ def test_unsupported_head_size(ops):
         call_v1(ops.v1, inputs, alloc_v1_outputs(inputs))
 
 
+# ---- blocksparse (CONTRACT.md "Blocksparse") ----
+
+def _to_device(inputs):
+    tensors = {f.name: getattr(inputs, f.name) for f in dataclasses.fields(inputs)
+               if isinstance(getattr(inputs, f.name), torch.Tensor)}
+    return dataclasses.replace(inputs, **{name: t.to(DEV) for name, t in tensors.items()})
+
+
+def _check_blocksparse(ops, inputs, sparse):
+    """v2 (all four outputs) and v1 against the oracle's v2, on inputs whose (cache block, KV
+    head) pairs that no query head of the KV head attends are NaN: a kernel that reads one of
+    them, or lets it into the softmax, gives NaN."""
+    poisoned = _to_device(poison_skipped(inputs, blocksparse_mask(inputs, sparse)))
+    want = call_v2(reference.paged_attention_v2, poisoned, alloc_v2_outputs(poisoned), sparse)
+    got = call_v2(ops.v2, poisoned, alloc_v2_outputs(poisoned), sparse)
+    got_v1 = call_v1(ops.v1, poisoned, alloc_v1_outputs(poisoned), sparse)
+    torch.cuda.synchronize()
+    assert_v2_matches(got, want, poisoned.seq_lens_list, poisoned.dtype, poisoned.kv_cache_dtype)
+    assert_out_matches(got_v1, want.out, poisoned.dtype, poisoned.kv_cache_dtype, name="v1 out")
+    return got
+
+
+# The cases of tests/test_blocksparse_reference.py (block sizes 5, 8 and 16: the per-token and the
+# vectorised V paths; sparse blocks smaller than, equal to, multiples and non-multiples of the
+# cache block; per-query-head and per-KV-head patterns; fp8), plus a GQA ratio of 12 (two passes of
+# 8 heads, each pass reading only the blocks its own heads attend).
+CUDA_BLOCKSPARSE_CASES = BLOCKSPARSE_CASES + [
+    ("gqa12-two-passes", (24, 2, 64, 16), Blocksparse(1, 1, 16, 32, 1),
+     torch.float16, "auto", True),
+]
+
+
+@pytest.mark.parametrize("case", CUDA_BLOCKSPARSE_CASES, ids=[c[0] for c in CUDA_BLOCKSPARSE_CASES])
+def test_blocksparse_matches_reference(ops, case):
+    _check_blocksparse(ops, blocksparse_inputs(case, seed=31), case[2])
+
+
+def test_blocksparse_nothing_attended_gives_zeros_and_empty_partitions(ops):
+    # Sparse block 0 is skipped by every head (vertical only, offset 1, vert 2): rows of 1 and
+    # 100 tokens attend nothing (zeros), the 1100-token row has empty partitions (max_logits
+    # -inf, exp_sums 0, tmp_out 0) next to full ones.
+    case = ("empty", (4, 2, 32, 8), Blocksparse(0, 0, 2, 600, 0), torch.float32, "auto", False)
+    got = _check_blocksparse(ops, blocksparse_inputs(case, seed=7, seq_lens=[1, 100, 1100]),
+                             case[2])
+    assert torch.equal(got.out[:2], torch.zeros_like(got.out[:2]))
+    assert (got.max_logits[2, :, 0] == float("-inf")).all() and (got.exp_sums[2, :, 0] == 0).all()
+    assert (got.tmp_out[2, :, 0] == 0).all() and got.out[2].abs().sum() > 0
+
+
+# ---- mixed devices: the contract's ValueError (validation runs before the device guard) ----
+
+def test_mixed_devices_raise_value_error(ops):
+    inputs = make_attention_inputs(2, 4, 2, 64, 16, [20, 3], dtype=torch.float16, device=DEV)
+    on_cpu = dataclasses.replace(inputs, query=inputs.query.cpu())
+    with pytest.raises(ValueError, match=r"^paged_attn\.v1: .*device"):
+        call_v1(ops.v1, on_cpu, alloc_v1_outputs(inputs))
+    key = torch.randn(3, 2, 64, dtype=torch.float16)  # on the CPU, the caches on the GPU
+    slots = torch.tensor([0, -1, 17], dtype=torch.int64, device=DEV)
+    with pytest.raises(ValueError, match=r"^paged_attn\.reshape_and_cache: .*device"):
+        ops.reshape_and_cache(key, key, inputs.key_cache, inputs.value_cache, slots)
+
+
 # ---- data-dependent validity: NaN rows, never an out-of-bounds read ----
 
 def _nan_rows(out):
@@ -298,3 +369,134 @@ def test_long_context_100k(ops):
                                    seed=9, extra_blocks=1)
     _check_v2(ops, inputs, max_num_partitions=math.ceil(100_000 / 512))
     _check_v1(ops, inputs)
+
+
+# ---- decode / reshape_and_cache_flash: token-major caches (core/kv_layout.h) ----
+
+# (dtype, kv_cache_dtype, num_heads, num_kv_heads, head_size, block_size, seq_lens, alibi)
+DECODE_CASES = [
+    (torch.float32, "auto", 8, 2, 128, 16, [1, 511, 0, 513, 1537], False),  # GQA 4
+    (torch.bfloat16, "auto", 12, 2, 256, 16, [700, 33], True),  # GQA 6, ALiBi
+    (torch.float16, "auto", 8, 8, 80, 5, [511, 1030], False),  # MHA, odd block size
+    (torch.float32, "auto", 8, 1, 64, 1, [300, 0, 77], True),  # MQA, block size 1
+    (torch.float16, "auto", 24, 2, 64, 16, [700, 3], False),  # GQA 12: two passes
+    (torch.float32, "fp8", 8, 2, 64, 16, [300, 1025], True),  # fp8 e4m3
+    (torch.bfloat16, "fp8_e4m3", 6, 1, 128, 8, [1, 600], False),
+    (torch.float16, "fp8_e5m2", 4, 2, 96, 3, [77, 513], False),  # odd block size
+    (torch.bfloat16, "fp8_e5m2", 8, 2, 112, 16, [1100, 2], True),
+]
+# Every case on NHD and HND; the other layouts spread over the cases ("padded" only where its
+# 4-element offset is 16-byte aligned: fp32; other dtypes get the alignment error, tested below).
+_OTHER_LAYOUTS = ("combined", "combined_hnd", "mixed")
+DECODE_PARAMS = [(c, lay) for i, c in enumerate(DECODE_CASES)
+                 for lay in ("nhd", "hnd", _OTHER_LAYOUTS[i % 3])] + [
+    (c, "padded") for c in DECODE_CASES if c[0] == torch.float32 and c[1] == "auto"]
+
+
+def _check_decode(ops, inputs):
+    """decode (CUDA) against reference.decode and against v1 (CUDA) on the same K/V in vLLM's
+    layout; out pre-filled with NaN."""
+    shape = (inputs.num_seqs, inputs.num_heads, inputs.head_size)
+    fill = torch.full(shape, float("nan"), dtype=inputs.dtype, device=DEV)
+    got = testing.call_decode(ops.decode, inputs, fill.clone())
+    want = testing.call_decode(reference.decode, inputs, fill.clone())
+    v1 = call_v1(ops.v1, inputs.legacy, alloc_v1_outputs(inputs.legacy))
+    torch.cuda.synchronize()
+    assert_out_matches(got, want, inputs.dtype, inputs.kv_cache_dtype, name="decode out")
+    assert_out_matches(got, v1, inputs.dtype, inputs.kv_cache_dtype, name="decode vs v1")
+    return got
+
+
+@pytest.mark.parametrize("case,layout", DECODE_PARAMS,
+                         ids=[f"{str(c[0])[6:]}-{c[1]}-h{c[2]}/{c[3]}-d{c[4]}-bs{c[5]}"
+                              f"{'-alibi' if c[7] else ''}-{lay}" for c, lay in DECODE_PARAMS])
+def test_decode_matches_reference(ops, case, layout):
+    dtype, kv, nh, nkv, d, bs, lens, alibi = case
+    inputs = testing.make_decode_inputs(len(lens), nh, nkv, d, bs, lens, layout=layout,
+                                        dtype=dtype, kv_cache_dtype=kv, use_alibi=alibi,
+                                        device=DEV, seed=len(lens) + d)
+    if layout == "mixed":
+        assert inputs.key_cache.stride() != inputs.value_cache.stride()  # K and V strides differ
+    _check_decode(ops, inputs)
+
+
+@pytest.mark.parametrize("scale_as_tensor", [False, True], ids=["float-scale", "tensor-scale"])
+def test_decode_scale_overloads_and_fused_query(ops, scale_as_tensor):
+    inputs = testing.make_decode_inputs(3, 8, 2, 64, 16, [100, 1100, 3], layout="combined_hnd",
+                                        dtype=torch.float32, kv_cache_dtype="fp8_e5m2",
+                                        device=DEV, noncontig_query=True,
+                                        scale_as_tensor=scale_as_tensor, seed=7)
+    assert inputs.query.stride(0) > inputs.num_heads * inputs.head_size
+    _check_decode(ops, inputs)
+
+
+def test_decode_misaligned_cache_view_is_a_value_error(ops):
+    # "padded" views start 4 elements into their storage: 8 bytes for bf16, not the 16 the K
+    # vector loads need.
+    inputs = testing.make_decode_inputs(2, 4, 2, 64, 16, [30, 5], layout="padded",
+                                        dtype=torch.bfloat16, device=DEV, seed=4)
+    out = torch.empty(2, 4, 64, dtype=torch.bfloat16, device=DEV)
+    with pytest.raises(ValueError, match=r"^paged_attn\.decode: .*16-byte aligned"):
+        testing.call_decode(ops.decode, inputs, out)
+
+
+def test_decode_long_row(ops):
+    inputs = testing.make_decode_inputs(2, 8, 2, 128, 16, [5000, 4097], layout="hnd",
+                                        dtype=torch.bfloat16, use_alibi=True, device=DEV, seed=11)
+    _check_decode(ops, inputs)
+
+
+@pytest.mark.parametrize("dtype,kv", [(torch.float32, "auto"), (torch.bfloat16, "auto"),
+                                      (torch.float16, "auto"), (torch.float32, "fp8"),
+                                      (torch.bfloat16, "fp8_e4m3"), (torch.float16, "fp8_e5m2")])
+@pytest.mark.parametrize("layout", testing.DECODE_LAYOUTS)
+def test_reshape_and_cache_flash_matches_reference(ops, dtype, kv, layout):
+    """key / value with more rows than slot_mapping (vLLM: the rest is padding, never read: NaN
+    there), slices of a fused tensor; negative slots skipped; fp8 saturated; bit-exact."""
+    num_rows, num_tokens, kvh, d, bs, num_blocks = 41, 37, 2, 48, 5, 11
+    g = torch.Generator().manual_seed(5)
+    fused = torch.randn(num_rows, (4 + 2 * kvh) * d, generator=g) * 30  # fp8 saturates too
+    fused[num_tokens:] = float("nan")  # padding rows
+    fused = fused.to(dtype).to(DEV)
+    key = fused[:, 4 * d:(4 + kvh) * d].view(num_rows, kvh, d)
+    value = fused[:, (4 + kvh) * d:].view(num_rows, kvh, d)
+    slots = torch.randperm(num_blocks * bs, generator=g)[:num_tokens]
+    slots[::4] = -1
+    slots = slots.to(DEV)
+    cache_dtype = dtype if kv == "auto" else torch.uint8
+    if cache_dtype == torch.uint8:
+        k = torch.randint(0, 256, (num_blocks, bs, kvh, d), generator=g).to(torch.uint8)
+        v = torch.randint(0, 256, (num_blocks, bs, kvh, d), generator=g).to(torch.uint8)
+    else:
+        k = torch.randn(num_blocks, bs, kvh, d, generator=g).to(cache_dtype)
+        v = torch.randn(num_blocks, bs, kvh, d, generator=g).to(cache_dtype)
+    kc, vc, _ = testing.nhd_cache_views(k.to(DEV), v.to(DEV), layout)
+    want_k, want_v = kc.clone(), vc.clone()
+    for k_scale, v_scale in ((0.37, 1.9), (torch.tensor(0.37, device=DEV),
+                                           torch.tensor(1.9, device=DEV))):
+        reference.reshape_and_cache_flash(key, value, want_k, want_v, slots, kv, k_scale, v_scale)
+        ops.reshape_and_cache_flash(key, value, kc, vc, slots, kv, k_scale, v_scale)
+        torch.cuda.synchronize()
+        assert torch.equal(kc.view(torch.uint8), want_k.view(torch.uint8))
+        assert torch.equal(vc.view(torch.uint8), want_v.view(torch.uint8))
+
+
+def test_flash_cache_then_decode_round_trip(ops):
+    """Tokens appended with reshape_and_cache_flash into an HND cache (a view), then read back
+    by decode: the oracle's output on the same cache."""
+    inputs = testing.make_decode_inputs(2, 8, 2, 64, 16, [40, 90], layout="hnd",
+                                        dtype=torch.bfloat16, device=DEV, seed=9)
+    g = torch.Generator().manual_seed(1)
+    new_k = torch.randn(2, 2, 64, generator=g).to(torch.bfloat16).to(DEV)
+    new_v = torch.randn(2, 2, 64, generator=g).to(torch.bfloat16).to(DEV)
+    tables = inputs.block_tables.cpu()
+    slots = [int(tables[s, n // 16]) * 16 + n % 16 for s, n in enumerate(inputs.seq_lens_list)]
+    ops.reshape_and_cache_flash(new_k, new_v, inputs.key_cache, inputs.value_cache,
+                                torch.tensor(slots, device=DEV))
+    inputs.seq_lens += 1
+    inputs.seq_lens_list = [n + 1 for n in inputs.seq_lens_list]
+    fill = torch.full((2, 8, 64), float("nan"), dtype=torch.bfloat16, device=DEV)
+    got = testing.call_decode(ops.decode, inputs, fill.clone())
+    want = testing.call_decode(reference.decode, inputs, fill.clone())
+    torch.cuda.synchronize()
+    assert_out_matches(got, want, torch.bfloat16)

@@ -1,5 +1,7 @@
 // attention_kernel.cuh — the paged attention kernel: v1 (one pass over the whole row) and v2
-// phase 1 (one 512-token partition per thread block). Raw pointers + PagedAttentionParams only.
+// phase 1 (one 512-token partition per thread block); decode is v1 over token-major caches
+// (p.kv_form, core/kv_layout.h: the same code, K and V addressed through their layouts).
+// Raw pointers + PagedAttentionParams only.
 //
 // Algorithm. One thread block serves one (sequence, KV head, partition) and ALL the query heads
 // that read that KV head (in passes of kHeadTile heads; one pass when the GQA ratio <= 8), so K
@@ -7,13 +9,15 @@
 //   1. The pass's query rows, times `scale`, go to shared memory as fp32.
 //   2. The block's kNumWarps warps walk the token range in tiles of kWarpSize tokens (tile i goes
 //      to warp i % kNumWarps). QK: lane l owns token t = tile + l, reads that token's key with
-//      16-byte loads along head_size (K layout [.., head_size/x, block_size, x]) and computes one
-//      logit per query head against the shared-memory queries.
+//      16-byte loads along head_size (vLLM's K [.., head_size/x, block_size, x]: one x-chunk
+//      per load; token-major: the token's contiguous row) and computes one logit per query head
+//      against the shared-memory queries.
 //   3. Each warp keeps an online softmax per head: a warp-uniform running max (butterfly max of
 //      the tile), a per-lane running exp sum, and the UNnormalised output, lane l owning dims
 //      l + kWarpSize * j. P.V: the tile's probabilities go through shared memory; each lane reads
-//      its dims' V rows (V layout [.., head_size, block_size]) kVVec tokens at a time with one
-//      vector load and multiplies them in.
+//      its dims' V rows (vLLM's V [.., head_size, block_size]) kVVec tokens at a time with one
+//      vector load (token-major V, or a block size not a multiple of kVVec: one element per
+//      token and dim, consecutive lanes reading consecutive dims) and multiplies them in.
 //   4. End of range: each warp merges its lanes' (max, sum) with a butterfly (warp_reduce.cuh),
 //      then the warps' compound states (max, sum, output) are merged through shared memory in warp
 //      order 0, 1, ... (compound_state.h). v1 writes out = output / sum; v2 writes the
@@ -29,6 +33,12 @@
 //     multiply (0 * NaN = NaN: a probability of 0 is not enough when unused slots hold NaN).
 //   - Block offsets are int64 (block_id * k_layout.block_stride overflows int32 on large pools).
 //   - max_seq_len is not used: the range comes from seq_lens alone.
+//
+// Blocksparse (docs/CONTRACT.md, core/blocksparse.h): per token, a bit mask of the pass's heads
+// that attend its cache block. A head whose bit is clear gets a -inf logit (probability 0); a
+// block no head of the pass attends is never read, K nor V (it may hold NaN). A head with nothing
+// attended in the range ends with the empty state (max -inf, sum 0, output 0): v1 writes 0, v2
+// writes max_logits -inf, exp_sums 0, tmp_out 0 (weight 0 in the reduce).
 #pragma once
 
 #include <cstdint>
@@ -50,7 +60,24 @@ struct AttentionSmem {
   float probs[kNumWarps][kHeadTile][kWarpSize];  // per warp: one tile's probabilities
   float out[kNumWarps][kHeadTile][kMaxDims];     // per warp: unnormalised output at the end
   SoftmaxStats stats[kNumWarps][kHeadTile];      // per warp: (max, exp sum) at the end
+  int64_t sparse_offset[kHeadTile];              // blocksparse: blocksparse_offset of each slot
 };
+
+// Bit g set: tile slot g (< num_tile_heads) attends cache block `block` (index in the row's block
+// table) of a row of seq_len tokens; every bit when the call is dense.
+template <int kHeadTile>
+__device__ __forceinline__ uint32_t attending_heads(const PagedAttentionParams& p,
+                                                   const int64_t* sparse_offset,
+                                                   int num_tile_heads, int seq_len,
+                                                   int64_t block) {
+  if (!blocksparse_active(p.blocksparse)) return ~0u;
+  uint32_t mask = 0;
+#pragma unroll 1  // NOTE: 64-bit divisions: one copy, not kHeadTile
+  for (int g = 0; g < num_tile_heads; ++g)
+    if (blocksparse_attends(p.blocksparse, sparse_offset[g], seq_len, p.block_size, block))
+      mask |= 1u << g;
+  return mask;
+}
 
 // Grid: (num_seqs, num_kv_heads, num_partitions)  [v1: num_partitions = 1]
 // Block: kNumWarps * kWarpSize threads.
@@ -130,10 +157,16 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
     k_scale = p.k_scale_ptr != nullptr ? *p.k_scale_ptr : p.k_scale;
     v_scale = p.v_scale_ptr != nullptr ? *p.v_scale_ptr : p.v_scale;
   }
-  // V groups of kVVec tokens sit in one cache block when block_size % kVVec == 0 (8, 16, 32, ...);
-  // other block sizes take the per-token path.
-  const bool v_vectorized = block_size % kVVec == 0;
-  const int64_t k_vec_stride = static_cast<int64_t>(block_size) * kX;  // next x-chunk of a key
+  // Cache addressing (core/kv_layout.h). K: token t of a block starts at t * token_stride; its
+  // i-th 16-byte vector (kX dims) lies i * k_vec_stride further: the next x-chunk in vLLM's K,
+  // the next kX dims of the token's contiguous row in a token-major cache. V: dim d of a token
+  // lies d * v_dim_stride from its start (vLLM's V: block_size; token-major: 1).
+  const bool token_major = p.kv_form == KvForm::kTokenMajor;
+  const int64_t k_vec_stride = token_major ? kX : p.k_layout.chunk_stride;
+  const int64_t v_dim_stride = token_major ? 1 : p.v_layout.chunk_stride;
+  // vLLM's V holds kVVec consecutive tokens of a dim in one vector when block_size % kVVec == 0
+  // (8, 16, 32, ...); other block sizes and token-major caches take the per-token path.
+  const bool v_vectorized = !token_major && block_size % kVVec == 0;
   const int num_k_vecs = head_size / kX;
   const CudaShuffleXor<kWarpSize> shuffle;
   bool bad_block = false;  // a used block id outside [0, num_blocks) was met
@@ -151,6 +184,9 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
         q = to_float(q_row[static_cast<int64_t>(head0 + g) * p.q_head_stride + d]) * p.scale;
       smem.q[g][d] = q;
     }
+    if (blocksparse_active(p.blocksparse) && threadIdx.x < num_tile_heads)
+      smem.sparse_offset[threadIdx.x] =
+          blocksparse_offset(p.blocksparse, p.num_heads, p.num_kv_heads, head0 + threadIdx.x);
     float slope[kHeadTile];
 #pragma unroll
     for (int g = 0; g < kHeadTile; ++g)
@@ -176,13 +212,18 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
       float logit[kHeadTile];
 #pragma unroll
       for (int g = 0; g < kHeadTile; ++g) logit[g] = -INFINITY;
+      uint32_t heads_mask = 0;  // the heads attending token t's block (0: t not read)
       if (t < tok_end) {
         const int64_t block_id = table_row[t / block_size];
         if (block_id < 0 || block_id >= p.num_blocks) {
           bad_block = true;
         } else {
+          heads_mask = attending_heads<kHeadTile>(p, smem.sparse_offset, num_tile_heads, seq_len,
+                                                  t / block_size);
+        }
+        if (heads_mask != 0) {
           const CacheT* k_tok = k_head + block_id * p.k_layout.block_stride +
-                                static_cast<int64_t>(t % block_size) * kX;
+                                static_cast<int64_t>(t % block_size) * p.k_layout.token_stride;
           float dot[kHeadTile];
 #pragma unroll
           for (int g = 0; g < kHeadTile; ++g) dot[g] = 0.0f;
@@ -203,7 +244,8 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
           }
           const float alibi_pos = static_cast<float>(t - seq_len + 1);  // 0 at the last token
 #pragma unroll
-          for (int g = 0; g < kHeadTile; ++g) logit[g] = dot[g] * k_scale + slope[g] * alibi_pos;
+          for (int g = 0; g < kHeadTile; ++g)
+            logit[g] = (heads_mask >> g) & 1u ? dot[g] * k_scale + slope[g] * alibi_pos : -INFINITY;
         }
       }
 
@@ -235,6 +277,9 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
             bad_block = true;
             continue;  // warp-uniform; never dereference a bad id
           }
+          // lane s0 holds token t0's mask; 0: no head of the pass attends the block, every
+          // probability is 0 and V is not read
+          if (__shfl_sync(0xffffffffu, heads_mask, s0) == 0) continue;  // warp-uniform
           const CacheT* v_base =
               v_head + block_id * p.v_layout.block_stride + static_cast<int64_t>(t0 % block_size);
 #pragma unroll
@@ -253,21 +298,26 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
           for (int e = 0; e < kVVec; ++e) {
             const int te = t0 + e;
             int64_t block_id = -1;
+            // lane s0 + e holds token te's mask (0 past the range, for a bad id, and for a block
+            // no head of the pass attends: then V is not read)
+            const uint32_t te_mask = __shfl_sync(0xffffffffu, heads_mask, s0 + e);
             if (te < tok_end) {
               block_id = table_row[te / block_size];
               if (block_id < 0 || block_id >= p.num_blocks) {
                 bad_block = true;
                 block_id = -1;
+              } else if (te_mask == 0) {
+                block_id = -1;
               }
             }
             const CacheT* v_tok = v_head +
                                   (block_id < 0 ? 0 : block_id) * p.v_layout.block_stride +
-                                  static_cast<int64_t>(te % block_size);
+                                  static_cast<int64_t>(te % block_size) * p.v_layout.token_stride;
 #pragma unroll
             for (int j = 0; j < kDimsPerLane; ++j) {
               const int d = lane + j * kWarpSize;
               v[j][e] = (block_id >= 0 && d < head_size)
-                            ? load_one(v_tok + static_cast<int64_t>(d) * block_size, e5m2)
+                            ? load_one(v_tok + d * v_dim_stride, e5m2)
                             : 0.0f;
             }
           }

@@ -10,7 +10,8 @@
 //   - dtype: query fp32 / fp16 / bf16, each with an "auto", an fp8 e4m3fn or an fp8 e5m2 cache:
 //     9 combinations, one .cu file each (attention_<dtype>_<cache>.cu).
 // Total per arch: 9 x 6 x 4 = 216 attention kernels + 3 reduce + 6 reshape_and_cache kernels
-// (docs/cuda_resource_report.txt lists them).
+// (docs/cuda_resource_report.txt lists them; scripts/cuda_resource_report.sh checks the count
+// against attention_kernels_per_pair() below and the files' explicit instantiations).
 #pragma once
 
 #include <type_traits>
@@ -38,7 +39,7 @@ using IntC = std::integral_constant<int, N>;
 
 // head size -> f(IntC<kDimsPerLane>); returns false for an unlisted head size.
 template <typename F>
-bool dispatch_head_size(int head_size, F&& f) {
+constexpr bool dispatch_head_size(int head_size, F&& f) {
   switch (head_size) {
     case 32: f(IntC<1>{}); return true;
     case 64: f(IntC<2>{}); return true;
@@ -56,7 +57,7 @@ static_assert(kMaxHeadSize <= 8 * kWarpSize, "largest kDimsPerLane must cover kM
 
 // GQA ratio -> f(IntC<kHeadTile>): the smallest tile in {1, 2, 4, 8} holding the ratio, else 8.
 template <typename F>
-void dispatch_head_tile(int group, F&& f) {
+constexpr void dispatch_head_tile(int group, F&& f) {
   if (group <= 1) {
     f(IntC<1>{});
   } else if (group <= 2) {
@@ -66,6 +67,25 @@ void dispatch_head_tile(int group, F&& f) {
   } else {
     f(IntC<8>{});
   }
+}
+
+// The attention kernels one (dtype, cache) pair instantiates: the distinct (kDimsPerLane,
+// kHeadTile) pairs the two dispatchers above reach, found by running them over every listed head
+// size and every GQA ratio up to 64 (ratios above 8 all take the tile of 8).
+constexpr int attention_kernels_per_pair() {
+  constexpr int kMaxValue = 64;  // > any kDimsPerLane or kHeadTile
+  bool dims_seen[kMaxValue] = {};
+  bool tiles_seen[kMaxValue] = {};
+  for (int head_size : kHeadSizes)
+    dispatch_head_size(head_size, [&](auto dims) { dims_seen[decltype(dims)::value] = true; });
+  for (int group = 1; group <= 64; ++group)
+    dispatch_head_tile(group, [&](auto tile) { tiles_seen[decltype(tile)::value] = true; });
+  int dims = 0, tiles = 0;
+  for (int i = 0; i < kMaxValue; ++i) {
+    dims += dims_seen[i];
+    tiles += tiles_seen[i];
+  }
+  return dims * tiles;
 }
 
 }  // namespace cuda

@@ -22,7 +22,8 @@ void launch_paged_attention(const PagedAttentionParams& p, bool is_v2, cudaStrea
 template <ScalarKind kScalar>
 void launch_v2_reduce(const PagedAttentionParams& p, cudaStream_t stream);
 
-// grid (num_tokens); num_tokens > 0.
+// reshape_and_cache and reshape_and_cache_flash (the caches' layouts are in p); grid
+// (num_tokens); num_tokens > 0.
 void launch_reshape_and_cache(const ReshapeAndCacheParams& p, cudaStream_t stream);
 
 // Asks the driver to load one of our kernels on the current device (cudaFuncGetAttributes): the

@@ -1,6 +1,7 @@
 // ops_cuda.cu — torch glue of the CUDA kernels: tensors -> params (csrc/torch_glue/validate.h),
 // CUDA-only checks, stream / device guard, dispatch onto launch.h, and the registration
-// TORCH_LIBRARY_IMPL(paged_attn, CUDA, m) of both overloads of v1, v2 and reshape_and_cache.
+// TORCH_LIBRARY_IMPL(paged_attn, CUDA, m) of both overloads of v1, v2, reshape_and_cache, decode
+// and reshape_and_cache_flash.
 // The overloads' signatures are torch_glue/overloads.h (shared with the CPU kernels).
 //
 // NOTE: graph-safe. Nothing here reads tensor data on the host (no data checks, no .item(), no
@@ -109,17 +110,22 @@ void check_cuda_attention(const char* op, const PagedAttentionParams& p,
   TORCH_CHECK_VALUE(cuda::is_supported_head_size(p.head_size), "paged_attn.", op,
                     ": Unsupported head size: ", p.head_size, " (CUDA kernels are compiled for ",
                     cuda::kHeadSizesText, ")");
-  // NOTE: the kernels load K and V with 16-byte (fp8 V: 8-byte) vector loads.
+  // NOTE: the kernels load K (and vLLM's V) with 16-byte (fp8 V: 8-byte) vector loads: every
+  // token of K starts 16-byte aligned, and a token-major K row is whole 16-byte vectors.
   const int64_t elem = key_cache.element_size();
   const bool aligned = reinterpret_cast<uintptr_t>(key_cache.data_ptr()) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(value_cache.data_ptr()) % 16 == 0 &&
                        (p.k_layout.block_stride * elem) % 16 == 0 &&
                        (p.k_layout.head_stride * elem) % 16 == 0 &&
+                       (p.k_layout.token_stride * elem) % 16 == 0 &&
                        (p.v_layout.block_stride * elem) % 16 == 0 &&
                        (p.v_layout.head_stride * elem) % 16 == 0;
   TORCH_CHECK_VALUE(aligned, "paged_attn.", op,
                     ": key_cache / value_cache must be 16-byte aligned (data pointers and "
-                    "block / head strides) for the CUDA kernels");
+                    "block / head / token strides) for the CUDA kernels");
+  TORCH_CHECK_VALUE((p.head_size * elem) % 16 == 0, "paged_attn.", op, ": head_size (",
+                    p.head_size, ") times the cache element size must be a multiple of 16 bytes "
+                    "for the CUDA kernels");
   TORCH_CHECK_VALUE(p.num_kv_heads <= kMaxGridYZ && p.num_heads <= kMaxGridYZ, "paged_attn.", op,
                     ": num_heads (", p.num_heads, ") exceeds the CUDA grid limit ", kMaxGridYZ);
   TORCH_CHECK_VALUE(p.max_num_partitions <= kMaxGridYZ, "paged_attn.", op,
@@ -166,17 +172,15 @@ void attention(const char* op, const at::Tensor& out, const at::Tensor* exp_sums
                int64_t max_seq_len, const std::optional<at::Tensor>& alibi_slopes,
                const std::string& kv_cache_dtype, ScaleArg k_scale, ScaleArg v_scale,
                BlocksparseArgs blocksparse) {
-  const c10::cuda::CUDAGuard device_guard(query.device());
-  require_kernels_for(query.device().index());
+  // NOTE: validate before the device guard: the guard itself raises a RuntimeError on some bad
+  // inputs (mixed devices), where the contract wants make_attention_params' ValueError.
   const PagedAttentionParams p = make_attention_params(
       op, out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, num_kv_heads, scale,
       block_tables, seq_lens, block_size, max_seq_len, alibi_slopes, kv_cache_dtype, k_scale,
       v_scale, blocksparse);
-  TORCH_CHECK_VALUE(!blocksparse_active(p.blocksparse), "paged_attn.", op,
-                    ": blocksparse attention (blocksparse_vert_stride=", blocksparse.vert_stride,
-                    ") is not implemented by the CUDA kernels yet; the C++ CPU kernel and the "
-                    "PyTorch implementation compute it (paged_attention_ext.fallback)");
   check_cuda_attention(op, p, key_cache, value_cache);
+  const c10::cuda::CUDAGuard device_guard(query.device());
+  require_kernels_for(query.device().index());
   if (p.num_seqs == 0 || p.num_heads == 0) return;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const bool is_v2 = tmp_out != nullptr;
@@ -188,19 +192,53 @@ void attention(const char* op, const at::Tensor& out, const at::Tensor* exp_sums
   }
 }
 
-void cache(const at::Tensor& key, const at::Tensor& value, const at::Tensor& key_cache,
-           const at::Tensor& value_cache, const at::Tensor& slot_mapping,
-           const std::string& kv_cache_dtype, ScaleArg k_scale, ScaleArg v_scale) {
+// decode: v1's kernel over token-major caches (p.kv_form); one thread block per (sequence, KV
+// head) walks the whole row, so no scratch is needed.
+void decode(const char* op, const at::Tensor& out, const at::Tensor& query,
+            const at::Tensor& key_cache, const at::Tensor& value_cache,
+            const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
+            const std::optional<at::Tensor>& alibi_slopes, const std::string& kv_cache_dtype,
+            ScaleArg k_scale, ScaleArg v_scale) {
+  const PagedAttentionParams p =  // validated before the guard, as in attention()
+      make_decode_params(op, out, query, key_cache, value_cache, block_tables, seq_lens, scale,
+                         alibi_slopes, kv_cache_dtype, k_scale, v_scale);
+  check_cuda_attention(op, p, key_cache, value_cache);
+  const c10::cuda::CUDAGuard device_guard(query.device());
+  require_kernels_for(query.device().index());
+  if (p.num_seqs == 0 || p.num_heads == 0) return;
+  launch_attention(p, /*is_v2=*/false, c10::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// reshape_and_cache and reshape_and_cache_flash once their params are made (and validated).
+void launch_cache(const char* op, const ReshapeAndCacheParams& p, const at::Tensor& key) {
   const c10::cuda::CUDAGuard device_guard(key.device());
   require_kernels_for(key.device().index());
-  const ReshapeAndCacheParams p =
-      make_cache_params("reshape_and_cache", key, value, key_cache, value_cache, slot_mapping,
-                        kv_cache_dtype, k_scale, v_scale);
   if (p.num_tokens == 0 || p.num_kv_heads == 0 || p.head_size == 0) return;
-  TORCH_CHECK_VALUE(p.num_tokens <= 0x7fffffff, "paged_attn.reshape_and_cache: num_tokens (",
+  TORCH_CHECK_VALUE(p.num_tokens <= 0x7fffffff, "paged_attn.", op, ": num_tokens (",
                     p.num_tokens, ") exceeds the CUDA grid limit");
   cuda::launch_reshape_and_cache(p, c10::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void cache(const at::Tensor& key, const at::Tensor& value, const at::Tensor& key_cache,
+           const at::Tensor& value_cache, const at::Tensor& slot_mapping,
+           const std::string& kv_cache_dtype, ScaleArg k_scale, ScaleArg v_scale) {
+  const char* op = "reshape_and_cache";
+  launch_cache(op,
+               make_cache_params(op, key, value, key_cache, value_cache, slot_mapping,
+                                 kv_cache_dtype, k_scale, v_scale),
+               key);
+}
+
+void flash_cache(const at::Tensor& key, const at::Tensor& value, const at::Tensor& key_cache,
+                 const at::Tensor& value_cache, const at::Tensor& slot_mapping,
+                 const std::string& kv_cache_dtype, ScaleArg k_scale, ScaleArg v_scale) {
+  const char* op = "reshape_and_cache_flash";
+  launch_cache(op,
+               make_flash_cache_params(op, key, value, key_cache, value_cache, slot_mapping,
+                                       kv_cache_dtype, k_scale, v_scale),
+               key);
 }
 
 }  // namespace
@@ -208,4 +246,5 @@ void cache(const at::Tensor& key, const at::Tensor& value, const at::Tensor& key
 
 TORCH_LIBRARY_IMPL(paged_attn, CUDA, m) {
   paged_attn::overloads::register_ops<paged_attn::attention, paged_attn::cache>(m);
+  paged_attn::overloads::register_token_major_ops<paged_attn::decode, paged_attn::flash_cache>(m);
 }

@@ -1,8 +1,11 @@
-// reshape_and_cache_kernel.cuh — scatter new tokens' K and V into the paged caches.
+// reshape_and_cache_kernel.cuh — scatter new tokens' K and V into the paged caches, for
+// reshape_and_cache (vLLM's layouts) and reshape_and_cache_flash (token-major caches) alike: the
+// element address is the cache's KvLayout (core/kv_layout.h).
 //
 // Token i with slot s = slot_mapping[i] (s = block * block_size + offset; s < 0 is padding):
-//   key_cache[block, h, d / x, offset, d % x] = enc(key[i, h, d])
-//   value_cache[block, h, d, offset]          = enc(value[i, h, d])
+//   K element (block, offset, h, d) = enc(key[i, h, d])    e.g. vLLM's key_cache[block, h, d / x, offset, d % x]
+//   V element (block, offset, h, d) = enc(value[i, h, d])  e.g. vLLM's value_cache[block, h, d, offset],
+//                                                          token-major cache[block, offset, h, d]
 // enc: a plain copy for "auto" caches; fp8(v / scale) saturated for fp8 caches (scale from the
 // tensor on the device when given: no host sync).
 // NOTE: a slot >= num_blocks * block_size is skipped (never written out of bounds); the CPU
@@ -38,18 +41,15 @@ __global__ void __launch_bounds__(kThreads)
   CacheT* k_block = static_cast<CacheT*>(p.key_cache) + block * p.k_layout.block_stride;
   CacheT* v_block = static_cast<CacheT*>(p.value_cache) + block * p.v_layout.block_stride;
   const int head_size = p.head_size;
-  const int x = p.x;
   const int n = p.num_kv_heads * head_size;
   for (int i = threadIdx.x; i < n; i += kThreads) {
     const int h = i / head_size;
     const int d = i % head_size;
     const float k = to_float(key[static_cast<int64_t>(h) * p.key_head_stride + d]);
     const float v = to_float(value[static_cast<int64_t>(h) * p.value_head_stride + d]);
-    k_block[static_cast<int64_t>(h) * p.k_layout.head_stride +
-            (static_cast<int64_t>(d / x) * p.block_size + offset) * x + d % x] =
+    k_block[p.k_layout.slice(0, h) + p.k_layout.in_slice(offset, d)] =
         store_cast<CacheT>(k, k_scale, e5m2);
-    v_block[static_cast<int64_t>(h) * p.v_layout.head_stride +
-            static_cast<int64_t>(d) * p.block_size + offset] =
+    v_block[p.v_layout.slice(0, h) + p.v_layout.in_slice(offset, d)] =
         store_cast<CacheT>(v, v_scale, e5m2);
   }
 }
