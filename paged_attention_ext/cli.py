@@ -50,6 +50,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--kv-layout", choices=("vllm", "nhd", "hnd"), default="vllm",
                        help="cache layout: vllm (v1 / v2, default), nhd or hnd (decode); same "
                             "bytes in every layout")
+    bench.add_argument("--blocksparse", metavar="SPEC", default=None,
+                       help="vLLM's blocksparse attention on v1 / v2, e.g. local=4,vert=8,block=64"
+                            ",step=1[,tp_rank=0]; bytes count only the blocks a kernel must read")
     bench.add_argument("--preset", action="append", choices=PRESET_NAMES, default=None,
                        help="repeatable; default: the realistic presets for the device")
     bench.add_argument("--shape", action="append", default=None, metavar="SPEC",
@@ -115,7 +118,8 @@ def _bench_config(args):
     for spec in args.shape or ():
         shapes += presets.parse_shape(spec)
     names = (tuple(n.strip() for n in args.contenders.split(",") if n.strip())
-             if args.contenders else contenders.default_contenders(device, args.kv_layout))
+             if args.contenders else contenders.default_contenders(
+                 device, args.kv_layout, blocksparse=args.blocksparse is not None))
     unknown = [n for n in names if n not in contenders.CONTENDERS]
     if unknown:
         raise ValueError(f"unknown contender(s) {', '.join(unknown)}; choose from "
@@ -126,10 +130,39 @@ def _bench_config(args):
             raise ValueError(f"head size {shape.head} must be a multiple of x = "
                              f"{16 // element_size} for a {args.kv_cache_dtype} / {dtype_name} "
                              "cache")
+    blocksparse = _parse_blocksparse(args.blocksparse, args.kv_layout)
     return BenchConfig(device=device, dtype=getattr(torch, dtype_name),
                        kv_cache_dtype=args.kv_cache_dtype, shapes=shapes, contenders=names,
                        full=args.full, seed=args.seed, bandwidth_bytes=args.bandwidth_mib << 20,
-                       kv_layout=args.kv_layout)
+                       kv_layout=args.kv_layout, blocksparse=blocksparse)
+
+
+_BLOCKSPARSE_KEYS = ("tp_rank", "local", "vert", "block", "step")  # v1 / v2's argument order
+
+
+def _parse_blocksparse(spec, kv_layout):
+    """'local=4,vert=8,block=64,step=1' -> v1 / v2's (tp_rank, local_blocks, vert_stride,
+    block_size, head_sliding_step), checked as the ops check them; None for no spec."""
+    if spec is None:
+        return None
+    if kv_layout != "vllm":
+        raise ValueError("--blocksparse: blocksparse attention is an argument of v1 / v2 "
+                         "(--kv-layout vllm)")
+    values = {"tp_rank": 0, "local": 0, "vert": 0, "block": 64, "step": 0}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or key.strip() not in values:
+            raise ValueError(f"--blocksparse: bad item {item!r}: expected key=value with key in "
+                             f"{', '.join(_BLOCKSPARSE_KEYS)}")
+        values[key.strip()] = int(value)
+    from .validation import check_blocksparse
+
+    result = tuple(values[k] for k in _BLOCKSPARSE_KEYS)
+    check_blocksparse("bench --blocksparse", *result)
+    if result[2] <= 1:
+        raise ValueError("--blocksparse: vert must be > 1 (vLLM computes dense attention "
+                         "otherwise)")
+    return result
 
 
 def _cmd_bench(args) -> int:

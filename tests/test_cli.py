@@ -339,3 +339,52 @@ def test_workload_hnd_is_a_transposed_view():
     assert work.key_cache.stride() == (16 * 2 * 32, 32, 16 * 32, 1)  # stored [blocks, h, bs, d]
     with pytest.raises(ValueError, match="kv_layout"):
         make_workload(shape, torch.float32, "auto", "cpu", kv_layout="nchw")
+
+
+def test_bench_blocksparse_counts_only_the_blocks_read(tmp_path):
+    """--blocksparse: v1 / v2 / fallback / oracle compute it (checked against the oracle), the
+    dense contenders say they cannot, and the bytes are those of the attended blocks only."""
+    shape = "batch=2,heads=8,kv_heads=2,head=32,ctx=700,block=16"
+    results = {}
+    spec = "local=2,vert=4,block=32,step=0"
+    for name, extra in (("dense", []), ("sparse", ["--blocksparse", spec])):
+        json_path = tmp_path / f"{name}.json"
+        argv = ["bench", "--shape", shape, "--no-progress", "--json", str(json_path),
+                "--bandwidth-mib", "16",
+                "--contenders", "ours-v2,ours-v1,fallback,oracle,gather-sdpa", *extra]
+        assert cli.main(argv) == 0
+        results[name] = json.loads(json_path.read_text())
+    sparse = {r["contender"]: r for r in results["sparse"]["results"]}
+    dense = {r["contender"]: r for r in results["dense"]["results"]}
+    assert results["sparse"]["config"]["blocksparse"]["vert_stride"] == 4
+    for name in ("ours-v2", "ours-v1", "fallback", "oracle"):
+        assert sparse[name]["correct"] is True, sparse[name]
+    assert sparse["gather-sdpa"]["note"] == "does not compute blocksparse attention"
+    assert sparse["gather-sdpa"]["median_ms"] is None
+    assert 0 < sparse["ours-v2"]["bytes"] < dense["ours-v2"]["bytes"]
+    assert "gather-sdpa" not in contenders.default_contenders("cpu", "vllm", blocksparse=True)
+
+
+def test_workload_blocksparse_bytes_match_the_definition():
+    # 2 query heads per KV head, sliding step 1: each KV head reads the union of its heads'
+    # blocks, counted here independently from vLLM's rule written out per block
+    shape = presets.parse_shape("batch=1,heads=4,kv_heads=2,head=32,ctx=200,block=16")[0]
+    work = make_workload(shape, torch.float32, "auto", "cpu", blocksparse=(0, 1, 4, 32, 1))
+    q_blk = (200 - 1) // 32
+    read = 0
+    for kv_head in range(2):
+        for b in range((200 + 15) // 16):
+            k_blk = b * 16 // 32
+            attended = any(q_blk - k_blk < 1 or (k_blk + h + 1) % 4 == 0
+                           for h in (2 * kv_head, 2 * kv_head + 1))
+            read += attended * min(16, 200 - 16 * b)
+    assert work.kv_tokens_read() == read < 2 * 200
+
+
+@pytest.mark.parametrize("spec,match", [("local=2,vert=1", "vert must be > 1"),
+                                        ("local=2,width=3", "bad item"),
+                                        ("vert=4,block=0", "blocksparse_block_size")])
+def test_bench_blocksparse_bad_spec(spec, match):
+    args = cli._parser().parse_args(["bench", "--blocksparse", spec])
+    with pytest.raises(ValueError, match=match):
+        cli._bench_config(args)

@@ -27,6 +27,7 @@ class Contender:
     description: str
     devices: tuple = ("cpu", "cuda")
     layouts: tuple = ("vllm", "nhd", "hnd")  # workload kv_layouts it can read
+    blocksparse: bool = True                 # computes vLLM's blocksparse attention
 
 
 def _v2_buffers(work: Workload):
@@ -44,7 +45,7 @@ def _common(work: Workload) -> tuple:
     s = work.shape
     return (work.query, work.key_cache, work.value_cache, s.kv_heads, work.scale,
             work.block_tables, work.seq_lens, s.block, work.max_seq_len, None,
-            work.kv_cache_dtype, work.k_scale, work.v_scale)
+            work.kv_cache_dtype, work.k_scale, work.v_scale, *work.blocksparse_args())
 
 
 def _prepare_v1(fn):
@@ -138,15 +139,25 @@ CONTENDERS = {
                           "paged_attention_ext.fallback (what torch.ops runs on a device with "
                           "no compiled kernel): paged_attention_v2, or decode on NHD / HND"),
     "gather-sdpa": Contender("gather-sdpa", False, _prepare_gather_sdpa,
-                             "gather K/V through block tables + F.scaled_dot_product_attention"),
+                             "gather K/V through block tables + F.scaled_dot_product_attention",
+                             blocksparse=False),
     "sdpa-dense": Contender("sdpa-dense", False, _prepare_dense_sdpa,
                             "F.scaled_dot_product_attention on contiguous K/V (no paging; "
-                            "a lower bound for dense attention)"),
+                            "a lower bound for dense attention)", blocksparse=False),
 }
 DEFAULT_CPU = ("ours-v2", "ours-v1", "ours-decode", "fallback", "oracle", "gather-sdpa")
 DEFAULT_CUDA = DEFAULT_CPU + ("sdpa-dense",)
 
 
-def default_contenders(device: str, kv_layout: str = "vllm") -> tuple:
+def applicable(contender: Contender, kv_layout: str, blocksparse: bool) -> str:
+    """Why `contender` cannot run this workload ("" when it can)."""
+    if kv_layout not in contender.layouts:
+        return f"does not read the {kv_layout} layout"
+    if blocksparse and not contender.blocksparse:
+        return "does not compute blocksparse attention"
+    return ""
+
+
+def default_contenders(device: str, kv_layout: str = "vllm", blocksparse: bool = False) -> tuple:
     names = DEFAULT_CUDA if device == "cuda" else DEFAULT_CPU
-    return tuple(n for n in names if kv_layout in CONTENDERS[n].layouts)
+    return tuple(n for n in names if not applicable(CONTENDERS[n], kv_layout, blocksparse))

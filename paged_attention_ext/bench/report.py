@@ -19,7 +19,11 @@ def to_dict(result: BenchResult, machine: dict) -> dict:
     return {
         "machine": machine,
         "config": {"device": c.device, "dtype": str(c.dtype).replace("torch.", ""),
-                   "kv_cache_dtype": c.kv_cache_dtype, "kv_layout": c.kv_layout, "mode": "full" if c.full else "quick",
+                   "kv_cache_dtype": c.kv_cache_dtype, "kv_layout": c.kv_layout,
+                   "blocksparse": (dict(zip(("tp_rank", "local_blocks", "vert_stride",
+                                             "block_size", "head_sliding_step"),
+                                            c.blocksparse)) if c.blocksparse else None),
+                   "mode": "full" if c.full else "quick",
                    "contenders": list(c.contenders), "seed": c.seed,
                    "timing": {"warmup": plan.warmup, "max_reps": plan.max_reps,
                               "min_reps": plan.min_reps, "budget_s": plan.budget_s,
@@ -72,6 +76,7 @@ def header_lines(data: dict) -> list:
         f"OMP_WAIT_POLICY={m['omp_wait_policy']}",
         f"device {c['device']}  dtype {c['dtype']}  kv_cache_dtype {c['kv_cache_dtype']}  "
         f"kv_layout {c.get('kv_layout', 'vllm')}  "
+        + (f"blocksparse {c['blocksparse']}  " if c.get("blocksparse") else "") +
         f"mode {c['mode']}  torch.ops.paged_attn runs: {m['op_backend']}",
         f"measured bandwidth: read {bw['read_gbps']:.1f} GB/s (sum), copy {bw['copy_gbps']:.1f} "
         f"GB/s (read+write), buffer {bw['buffer_bytes'] / 2**20:.0f} MiB; best of before/after: "

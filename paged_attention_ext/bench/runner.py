@@ -15,7 +15,7 @@ from .. import reference
 from ..api import num_partitions
 from ..testing import tolerances
 from .bandwidth import Bandwidth, best_of, measure_bandwidth
-from .contenders import CONTENDERS, vllm_pick
+from .contenders import CONTENDERS, applicable, vllm_pick
 from .memory import peak_extra_bytes
 from .presets import Shape
 from .timing import FULL, QUICK, CacheFlusher, time_call
@@ -31,6 +31,7 @@ class BenchConfig:
     contenders: tuple
     full: bool = False
     kv_layout: str = "vllm"  # workload.KV_LAYOUTS
+    blocksparse: Optional[tuple] = None  # Workload.blocksparse
     seed: int = 0
     bandwidth_bytes: int = 0  # 0: bandwidth.py's default size
     # A non-ours contender whose single checking call took longer than this is not timed
@@ -64,7 +65,8 @@ def _oracle_out(work: Workload) -> tuple:
     reference.paged_attention_v2(out, exp_sums, torch.empty_like(exp_sums), tmp_out, work.query,
                                  work.key_cache, work.value_cache, s.kv_heads, work.scale,
                                  work.block_tables, work.seq_lens, s.block, work.max_seq_len,
-                                 None, work.kv_cache_dtype, work.k_scale, work.v_scale)
+                                 None, work.kv_cache_dtype, work.k_scale, work.v_scale,
+                                 *work.blocksparse_args())
     _sync(work.query.device.type)
     return out, time.perf_counter() - begin
 
@@ -120,7 +122,7 @@ def run_bench(config: BenchConfig, progress=None) -> BenchResult:
 def _bench_shape(shape: Shape, config: BenchConfig, plan, flusher, progress) -> list:
     progress.phase(f"{shape.label}: building inputs")
     work = make_workload(shape, config.dtype, config.kv_cache_dtype, config.device, config.seed,
-                         kv_layout=config.kv_layout)
+                         kv_layout=config.kv_layout, blocksparse=config.blocksparse)
     progress.phase(f"{shape.label}: oracle")
     expected, oracle_s = _oracle_out(work)
     nbytes = work.bytes_moved()
@@ -132,10 +134,11 @@ def _bench_shape(shape: Shape, config: BenchConfig, plan, flusher, progress) -> 
                "ours": contender.ours, "bytes": nbytes, "vllm_pick": pick,
                "median_ms": None, "timing": None, "gbps": None, "pct_of_read_bw": None,
                "note": ""}
-        if config.device not in contender.devices or config.kv_layout not in contender.layouts:
-            row["note"] = (f"not available on {config.device}"
-                           if config.device not in contender.devices
-                           else f"does not read the {config.kv_layout} layout")
+        why_not = (f"not available on {config.device}"
+                   if config.device not in contender.devices else
+                   applicable(contender, config.kv_layout, config.blocksparse is not None))
+        if why_not:
+            row["note"] = why_not
             rows.append(row)
             progress.advance()
             continue

@@ -40,19 +40,40 @@ class Workload:
     k_scale: float
     v_scale: float
     kv_layout: str = "vllm"
+    # vLLM's (tp_rank, local_blocks, vert_stride, block_size, head_sliding_step), or None: dense
+    blocksparse: Optional[tuple] = None
 
+    def blocksparse_args(self) -> tuple:
+        """The five trailing v1 / v2 arguments (dense: vLLM's defaults)."""
+        return self.blocksparse or (0, 0, 0, 64, 0)
     @property
     def max_seq_len(self) -> int:
         return self.shape.ctx
 
     def bytes_moved(self) -> int:
         """Bytes a decode step must move at least: K and V of every token once (fp8: 1 byte an
-        element), the query read once and the output written once."""
+        element), the query read once and the output written once. Blocksparse: only the tokens
+        of cache blocks some query head of the KV head attends (a kernel must not read the rest)."""
         s = self.shape
         cache_elt = self.key_cache.element_size()
-        kv = 2 * s.batch * s.ctx * s.kv_heads * s.head * cache_elt
+        kv = 2 * s.batch * self.kv_tokens_read() * s.head * cache_elt
         q_and_out = 2 * s.batch * s.heads * s.head * self.query.element_size()
         return kv + q_and_out
+
+
+    def kv_tokens_read(self) -> int:
+        """Tokens x KV heads of one sequence a kernel must read (every sequence is ctx long)."""
+        s = self.shape
+        if self.blocksparse is None:
+            return s.ctx * s.kv_heads
+        from ..reference import blocksparse_keep
+        from ..validation import Blocksparse
+        keep = blocksparse_keep(Blocksparse(*self.blocksparse), s.ctx, s.block, s.heads,
+                                s.kv_heads)                       # [heads, blocks]
+        read = keep.reshape(s.kv_heads, s.heads // s.kv_heads, -1).any(dim=1)  # [kv_heads, blocks]
+        tokens = torch.full((read.shape[1],), s.block)
+        tokens[-1] = s.ctx - s.block * (read.shape[1] - 1)       # the last block's tokens
+        return int((read * tokens).sum())
 
 
 def _random_cache(shape, dtype, kv_cache_dtype, scale, device, gen):
@@ -79,9 +100,11 @@ def _cache_shapes(shape: Shape, num_blocks: int, x: int, kv_layout: str):
 
 def make_workload(shape: Shape, dtype: torch.dtype, kv_cache_dtype: str, device: str,
                   seed: int = 0, spare_blocks: Optional[int] = None,
-                  kv_layout: str = "vllm") -> Workload:
+                  kv_layout: str = "vllm", blocksparse: Optional[tuple] = None) -> Workload:
     if kv_cache_dtype != "auto" and kv_cache_dtype not in FP8_DTYPES:
         raise ValueError(f"unknown kv_cache_dtype {kv_cache_dtype!r}")
+    if blocksparse is not None and kv_layout != "vllm":
+        raise ValueError("blocksparse attention is an argument of v1 / v2 (kv_layout vllm)")
     if kv_layout not in KV_LAYOUTS:
         raise ValueError(f"unknown kv_layout {kv_layout!r}; choose from {', '.join(KV_LAYOUTS)}")
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -104,7 +127,8 @@ def make_workload(shape: Shape, dtype: torch.dtype, kv_cache_dtype: str, device:
     query = torch.randn(shape.batch, shape.heads, shape.head, generator=gen, device=device,
                         dtype=torch.float32).to(dtype)
     return Workload(shape, query, key_cache, value_cache, block_tables, seq_lens,
-                    1.0 / math.sqrt(shape.head), kv_cache_dtype, k_scale, v_scale, kv_layout)
+                    1.0 / math.sqrt(shape.head), kv_cache_dtype, k_scale, v_scale, kv_layout,
+                    blocksparse)
 
 
 def decode(cache: torch.Tensor, work: Workload, scale: float) -> torch.Tensor:
