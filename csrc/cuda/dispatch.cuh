@@ -7,14 +7,32 @@
 //   - GQA ratio (query heads per KV head): runtime; the kernel handles kHeadTile heads per pass,
 //     kHeadTile in {1, 2, 4, 8}; ratios above 8 take ceil(ratio / 8) passes in the same block.
 //   - block size: runtime (any value; multiples of 8, or of 4 for fp32, take vector V loads).
-//   - dtype: query fp32 / fp16 / bf16, each with an "auto", an fp8 e4m3fn or an fp8 e5m2 cache:
-//     9 combinations, one .cu file each (attention_<dtype>_<cache>.cu).
-// Total per arch: 9 x 6 x 4 = 216 attention kernels + 3 reduce + 6 reshape_and_cache kernels
-// (docs/cuda_resource_report.txt lists them; scripts/cuda_resource_report.sh checks the count
-// against attention_kernels_per_pair() below and the files' explicit instantiations).
+//   - dtype: the (query dtype, cache kind) pairs of PAGED_ATTN_CUDA_PAIRS below; the build
+//     generates one .cu file per pair (csrc/cuda/generate_instantiations.py) so they compile in
+//     parallel.
+// Per arch: pairs x attention_kernels_per_pair() attention kernels + one reduce kernel per query
+// dtype + two reshape_and_cache kernels per query dtype (docs/cuda_resource_report.txt lists them;
+// scripts/cuda_resource_report.sh checks the count against these lists).
 #pragma once
 
 #include <type_traits>
+
+// The (query dtype, cache kind) pairs the CUDA kernels are compiled for:
+// X(ScalarKind enumerator, CacheKind enumerator), one line each. The build writes one
+// translation unit per pair from this list (generate_instantiations.py parses the lines between
+// this #define and the blank line after it; keep the one-pair-per-line form); C++ enumerates it
+// with PAGED_ATTN_CUDA_PAIRS(YOUR_MACRO). The first pair of each query dtype also holds that
+// dtype's v2 reduce kernel.
+#define PAGED_ATTN_CUDA_PAIRS(X) \
+  X(kFloat32, kAuto)             \
+  X(kFloat32, kFp8E4M3)          \
+  X(kFloat32, kFp8E5M2)          \
+  X(kFloat16, kAuto)             \
+  X(kFloat16, kFp8E4M3)          \
+  X(kFloat16, kFp8E5M2)          \
+  X(kBFloat16, kAuto)            \
+  X(kBFloat16, kFp8E4M3)         \
+  X(kBFloat16, kFp8E5M2)
 
 namespace paged_attn {
 namespace cuda {
