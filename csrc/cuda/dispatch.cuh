@@ -73,6 +73,26 @@ constexpr bool dispatch_head_size(int head_size, F&& f) {
 }
 static_assert(kMaxHeadSize <= 8 * kWarpSize, "largest kDimsPerLane must cover kMaxHeadSize");
 
+// The three spellings of the head-size list agree: every entry of kHeadSizes dispatches, to
+// kDimsPerLane = ceil(head_size / 32), and kHeadSizesText is kHeadSizes joined by ", ".
+// A head size added to one of them alone fails to compile here.
+constexpr bool head_size_lists_agree() {
+  int pos = 0;
+  for (int head_size : kHeadSizes) {
+    int dims = 0;
+    if (!dispatch_head_size(head_size, [&](auto d) { dims = decltype(d)::value; })) return false;
+    if (dims != (head_size + kWarpSize - 1) / kWarpSize) return false;
+    if (pos > 0 && (kHeadSizesText[pos++] != ',' || kHeadSizesText[pos++] != ' ')) return false;
+    char digits[12] = {};
+    int n = 0;
+    for (int v = head_size; v > 0; v /= 10) digits[n++] = static_cast<char>('0' + v % 10);
+    while (n > 0)
+      if (kHeadSizesText[pos++] != digits[--n]) return false;
+  }
+  return kHeadSizesText[pos] == '\0';
+}
+static_assert(head_size_lists_agree(), "kHeadSizes, kHeadSizesText and dispatch_head_size differ");
+
 // GQA ratio -> f(IntC<kHeadTile>): the smallest tile in {1, 2, 4, 8} holding the ratio, else 8.
 template <typename F>
 constexpr void dispatch_head_tile(int group, F&& f) {
