@@ -34,6 +34,7 @@ shopt -s nullglob
 for glob in "${GLOBS[@]}"; do
   matched=0
   for f in "$ROOT"/csrc/cuda/$glob "$GEN"/$glob; do
+    [[ -f "$f" ]] || continue  # a name without wildcards stays even when no such file exists
     matched=1
     [[ "$(basename "$f")" == ops_cuda.cu ]] || FILES+=("$f")
   done
