@@ -87,6 +87,18 @@ def sources(pattern: str) -> list:
     return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern)))
 
 
+def generated_cuda_sources() -> list:
+    """The attention instantiation files, one per (query dtype, cache kind) pair of
+    csrc/cuda/dispatch.cuh, written into build/generated/cuda by
+    csrc/cuda/generate_instantiations.py (loaded by path: it is a script, not a package)."""
+    path = os.path.join(ROOT, "csrc", "cuda", "generate_instantiations.py")
+    spec = importlib.util.spec_from_file_location("_paged_attn_generate_instantiations", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    paths = module.generate(os.path.join(ROOT, "build", "generated", "cuda"))
+    return [os.path.relpath(p, ROOT) for p in paths]
+
+
 def extension():
     debug = os.environ.get("DEBUG", "0") == "1"
     opt = ["-O0", "-g"] if debug else ["-O3", "-g0"]
@@ -113,7 +125,7 @@ def extension():
         if os.environ.get("PAGED_ATTN_PTXAS_VERBOSE") == "1":
             nvcc_flags.append("-Xptxas=-v")
         return cpp_extension.CUDAExtension(
-            sources=cxx_sources + sources("csrc/cuda/*.cu"),
+            sources=cxx_sources + sources("csrc/cuda/*.cu") + generated_cuda_sources(),
             extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags},
             **kwargs,
         )

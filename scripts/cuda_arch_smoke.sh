@@ -7,9 +7,10 @@
 # Usage: scripts/cuda_arch_smoke.sh [output file]      (default build/cuda_arch_smoke.txt)
 # Env:   SMOKE_ARCHS  default "7.5;10.0;12.0": the archs of the default build list
 #                     (paged_attention_ext/cuda_arch.py) that CI's main build (8.0;9.0) leaves out
-#        SMOKE_FILES  default "attention_bf16_auto.cu reshape_and_cache.cu":
-#                     attention_bf16_auto.cu holds the attention kernels AND the v2 reduce kernel of
-#                     one dtype (only the *_auto.cu files instantiate the reduce kernel; bf16: its
+#        SMOKE_FILES  default "attention_bfloat16_auto.cu reshape_and_cache.cu" (names in
+#                     csrc/cuda or among the files generated from dispatch.cuh's pair list):
+#                     attention_bfloat16_auto.cu holds the attention kernels AND the v2 reduce kernel
+#                     of one dtype (the first pair of each dtype instantiates the reduce kernel; bf16: its
 #                     conversions are emulated before sm_80, so sm_75 compiles other code than CI's
 #                     main build); reshape_and_cache.cu holds every reshape_and_cache kernel. (The
 #                     software fp8 decode used before sm_89 is compiled by the main build's sm_80.)
@@ -20,7 +21,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${1:-$ROOT/build/cuda_arch_smoke.txt}"
 ARCHS="${SMOKE_ARCHS:-7.5;10.0;12.0}"
-FILES="${SMOKE_FILES:-attention_bf16_auto.cu reshape_and_cache.cu}"
+FILES="${SMOKE_FILES:-attention_bfloat16_auto.cu reshape_and_cache.cu}"
 mkdir -p "$(dirname "$OUT")"
 
 TORCH_CUDA_ARCH_LIST="$ARCHS" ONLY="$FILES" bash "$ROOT/scripts/cuda_resource_report.sh" "$OUT"

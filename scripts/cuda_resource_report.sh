@@ -24,18 +24,26 @@ JOBS="${JOBS:-2}"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 
-# The torch-free kernel files (ops_cuda.cu holds only host glue).
+# The torch-free kernel files (ops_cuda.cu holds only host glue): csrc/cuda/*.cu and the attention
+# instantiation files the build generates from dispatch.cuh's pair list (written here into $GEN).
+GEN="$WORK/generated"
+python3 "$ROOT/csrc/cuda/generate_instantiations.py" "$GEN" > /dev/null
 FILES=()
 read -ra GLOBS <<< "${ONLY:-*.cu}"  # NOTE: read -a does not expand the globs in the cwd
+shopt -s nullglob
 for glob in "${GLOBS[@]}"; do
-  for f in "$ROOT"/csrc/cuda/$glob; do
-    [[ -f "$f" ]] || { echo "cuda_resource_report.sh: no file matches csrc/cuda/$glob" >&2; exit 2; }
+  matched=0
+  for f in "$ROOT"/csrc/cuda/$glob "$GEN"/$glob; do
+    [[ -f "$f" ]] || continue  # a name without wildcards stays even when no such file exists
+    matched=1
     [[ "$(basename "$f")" == ops_cuda.cu ]] || FILES+=("$f")
   done
+  (( matched )) || { echo "cuda_resource_report.sh: no kernel file matches $glob" >&2; exit 2; }
 done
+shopt -u nullglob
 
 # Expected kernels per arch, from the instantiation lists: per (dtype, cache) pair explicitly
-# instantiated by an attention_*.cu file, attention_kernels_per_pair() (csrc/cuda/dispatch.cuh,
+# instantiated by a generated attention_*.cu file, attention_kernels_per_pair() (csrc/cuda/dispatch.cuh,
 # computed by running its dispatchers); one reduce kernel per explicit launch_v2_reduce
 # instantiation; reshape_and_cache.cu: two kernels per query dtype of the attention files (a cache
 # of that dtype, fp8 bytes; e4m3 and e5m2 share the byte kernel).
@@ -45,15 +53,17 @@ printf '#include <cstdio>\n#include "cuda/dispatch.cuh"\nint main() { std::print
 PER_PAIR="$("$WORK/count")"
 if [[ -n "${FROM_LOG:-}" ]]; then
   FILES=()  # a real build compiles every kernel file
-  for f in "$ROOT"/csrc/cuda/*.cu; do [[ "$(basename "$f")" == ops_cuda.cu ]] || FILES+=("$f"); done
+  for f in "$ROOT"/csrc/cuda/*.cu "$GEN"/*.cu; do
+    [[ "$(basename "$f")" == ops_cuda.cu ]] || FILES+=("$f")
+  done
 fi
-EXPECTED="$(python3 - "$PER_PAIR" "$ROOT/csrc/cuda" "${FILES[@]}" <<'PY'
+EXPECTED="$(python3 - "$PER_PAIR" "$GEN" "${FILES[@]}" <<'PY'
 import glob, os, re, sys
-per_pair, cuda_dir, files = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+per_pair, gen_dir, files = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
 pair = re.compile(r"template void launch_paged_attention<ScalarKind::(\w+), CacheKind::(\w+)>")
 reduce = re.compile(r"template void launch_v2_reduce<ScalarKind::(\w+)>")
 dtypes = set()
-for f in glob.glob(os.path.join(cuda_dir, "attention_*.cu")):
+for f in glob.glob(os.path.join(gen_dir, "attention_*.cu")):
     dtypes |= {m.group(1) for m in pair.finditer(open(f).read())}
 total = 0
 for f in files:

@@ -7,14 +7,32 @@
 //   - GQA ratio (query heads per KV head): runtime; the kernel handles kHeadTile heads per pass,
 //     kHeadTile in {1, 2, 4, 8}; ratios above 8 take ceil(ratio / 8) passes in the same block.
 //   - block size: runtime (any value; multiples of 8, or of 4 for fp32, take vector V loads).
-//   - dtype: query fp32 / fp16 / bf16, each with an "auto", an fp8 e4m3fn or an fp8 e5m2 cache:
-//     9 combinations, one .cu file each (attention_<dtype>_<cache>.cu).
-// Total per arch: 9 x 6 x 4 = 216 attention kernels + 3 reduce + 6 reshape_and_cache kernels
-// (docs/cuda_resource_report.txt lists them; scripts/cuda_resource_report.sh checks the count
-// against attention_kernels_per_pair() below and the files' explicit instantiations).
+//   - dtype: the (query dtype, cache kind) pairs of PAGED_ATTN_CUDA_PAIRS below; the build
+//     generates one .cu file per pair (csrc/cuda/generate_instantiations.py) so they compile in
+//     parallel.
+// Per arch: pairs x attention_kernels_per_pair() attention kernels + one reduce kernel per query
+// dtype + two reshape_and_cache kernels per query dtype (docs/cuda_resource_report.txt lists them;
+// scripts/cuda_resource_report.sh checks the count against these lists).
 #pragma once
 
 #include <type_traits>
+
+// The (query dtype, cache kind) pairs the CUDA kernels are compiled for:
+// X(ScalarKind enumerator, CacheKind enumerator), one line each. The build writes one
+// translation unit per pair from this list (generate_instantiations.py parses the lines between
+// this #define and the blank line after it; keep the one-pair-per-line form); C++ enumerates it
+// with PAGED_ATTN_CUDA_PAIRS(YOUR_MACRO). The first pair of each query dtype also holds that
+// dtype's v2 reduce kernel.
+#define PAGED_ATTN_CUDA_PAIRS(X) \
+  X(kFloat32, kAuto)             \
+  X(kFloat32, kFp8E4M3)          \
+  X(kFloat32, kFp8E5M2)          \
+  X(kFloat16, kAuto)             \
+  X(kFloat16, kFp8E4M3)          \
+  X(kFloat16, kFp8E5M2)          \
+  X(kBFloat16, kAuto)            \
+  X(kBFloat16, kFp8E4M3)         \
+  X(kBFloat16, kFp8E5M2)
 
 namespace paged_attn {
 namespace cuda {
@@ -54,6 +72,26 @@ constexpr bool dispatch_head_size(int head_size, F&& f) {
   }
 }
 static_assert(kMaxHeadSize <= 8 * kWarpSize, "largest kDimsPerLane must cover kMaxHeadSize");
+
+// The three spellings of the head-size list agree: every entry of kHeadSizes dispatches, to
+// kDimsPerLane = ceil(head_size / 32), and kHeadSizesText is kHeadSizes joined by ", ".
+// A head size added to one of them alone fails to compile here.
+constexpr bool head_size_lists_agree() {
+  int pos = 0;
+  for (int head_size : kHeadSizes) {
+    int dims = 0;
+    if (!dispatch_head_size(head_size, [&](auto d) { dims = decltype(d)::value; })) return false;
+    if (dims != (head_size + kWarpSize - 1) / kWarpSize) return false;
+    if (pos > 0 && (kHeadSizesText[pos++] != ',' || kHeadSizesText[pos++] != ' ')) return false;
+    char digits[12] = {};
+    int n = 0;
+    for (int v = head_size; v > 0; v /= 10) digits[n++] = static_cast<char>('0' + v % 10);
+    while (n > 0)
+      if (kHeadSizesText[pos++] != digits[--n]) return false;
+  }
+  return kHeadSizesText[pos] == '\0';
+}
+static_assert(head_size_lists_agree(), "kHeadSizes, kHeadSizesText and dispatch_head_size differ");
 
 // GQA ratio -> f(IntC<kHeadTile>): the smallest tile in {1, 2, 4, 8} holding the ratio, else 8.
 template <typename F>

@@ -133,34 +133,24 @@ void check_cuda_attention(const char* op, const PagedAttentionParams& p,
                     ") exceeds the CUDA grid limit ", kMaxGridYZ);
 }
 
+// One branch per pair of dispatch.cuh's PAGED_ATTN_CUDA_PAIRS (the build compiles each pair's
+// kernels in a file generated from the same list).
 void launch_attention(const PagedAttentionParams& p, bool is_v2, cudaStream_t stream) {
-  using cuda::launch_paged_attention;
-  const CacheKind c = p.cache_kind;
-  switch (p.scalar_kind) {
-    case ScalarKind::kFloat32:
-      if (c == CacheKind::kAuto) launch_paged_attention<ScalarKind::kFloat32, CacheKind::kAuto>(p, is_v2, stream);
-      if (c == CacheKind::kFp8E4M3) launch_paged_attention<ScalarKind::kFloat32, CacheKind::kFp8E4M3>(p, is_v2, stream);
-      if (c == CacheKind::kFp8E5M2) launch_paged_attention<ScalarKind::kFloat32, CacheKind::kFp8E5M2>(p, is_v2, stream);
-      break;
-    case ScalarKind::kFloat16:
-      if (c == CacheKind::kAuto) launch_paged_attention<ScalarKind::kFloat16, CacheKind::kAuto>(p, is_v2, stream);
-      if (c == CacheKind::kFp8E4M3) launch_paged_attention<ScalarKind::kFloat16, CacheKind::kFp8E4M3>(p, is_v2, stream);
-      if (c == CacheKind::kFp8E5M2) launch_paged_attention<ScalarKind::kFloat16, CacheKind::kFp8E5M2>(p, is_v2, stream);
-      break;
-    case ScalarKind::kBFloat16:
-      if (c == CacheKind::kAuto) launch_paged_attention<ScalarKind::kBFloat16, CacheKind::kAuto>(p, is_v2, stream);
-      if (c == CacheKind::kFp8E4M3) launch_paged_attention<ScalarKind::kBFloat16, CacheKind::kFp8E4M3>(p, is_v2, stream);
-      if (c == CacheKind::kFp8E5M2) launch_paged_attention<ScalarKind::kBFloat16, CacheKind::kFp8E5M2>(p, is_v2, stream);
-      break;
-  }
+#define PAGED_ATTN_LAUNCH_PAIR(S, C)                                                \
+  if (p.scalar_kind == ScalarKind::S && p.cache_kind == CacheKind::C)               \
+    return cuda::launch_paged_attention<ScalarKind::S, CacheKind::C>(p, is_v2, stream);
+  PAGED_ATTN_CUDA_PAIRS(PAGED_ATTN_LAUNCH_PAIR)
+#undef PAGED_ATTN_LAUNCH_PAIR
+  TORCH_CHECK(false, "paged_attn: no CUDA kernel compiled for this query dtype and cache kind");
 }
 
+// The v2 reduce kernel of each query dtype of PAGED_ATTN_CUDA_PAIRS.
 void launch_reduce(const PagedAttentionParams& p, cudaStream_t stream) {
-  switch (p.scalar_kind) {
-    case ScalarKind::kFloat32: cuda::launch_v2_reduce<ScalarKind::kFloat32>(p, stream); break;
-    case ScalarKind::kFloat16: cuda::launch_v2_reduce<ScalarKind::kFloat16>(p, stream); break;
-    case ScalarKind::kBFloat16: cuda::launch_v2_reduce<ScalarKind::kBFloat16>(p, stream); break;
-  }
+#define PAGED_ATTN_LAUNCH_REDUCE(S, C) \
+  if (p.scalar_kind == ScalarKind::S) return cuda::launch_v2_reduce<ScalarKind::S>(p, stream);
+  PAGED_ATTN_CUDA_PAIRS(PAGED_ATTN_LAUNCH_REDUCE)
+#undef PAGED_ATTN_LAUNCH_REDUCE
+  TORCH_CHECK(false, "paged_attn: no CUDA v2 reduce kernel compiled for this query dtype");
 }
 
 // v1 (exp_sums == nullptr) or v2.
