@@ -111,7 +111,8 @@ def _bench_config(args):
     dtype_name = args.dtype or ("bfloat16" if device == "cuda" else "float32")
     shapes = []
     if args.preset or not args.shape:
-        shapes += presets.preset_shapes(args.preset or presets.default_presets(device), args.full)
+        shapes += presets.preset_shapes(args.preset or presets.default_presets(device), args.full,
+                                        device)
     for spec in args.shape or ():
         shapes += presets.parse_shape(spec)
     names = (tuple(n.strip() for n in args.contenders.split(",") if n.strip())
