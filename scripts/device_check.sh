@@ -18,9 +18,9 @@
 #   5. the benchmark, python -m paged_attention_ext bench --device cuda, on the regime presets
 #      of docs/CUDA.md's performance model (big-batch, small-batch, gqa8, tp8-kv1, long), for
 #      --kv-layout vllm (v1, v2) and nhd (decode), then the fp8 cache (--kv-cache-dtype fp8) on
-#      big-batch and small-batch for both layouts: ours vs SDPA (flash) on contiguous K/V vs the
-#      oracle, each checked against the oracle, GB/s and % of the read bandwidth measured in the
-#      same run
+#      big-batch and small-batch for both layouts: ours vs SDPA (flash) on contiguous K/V vs
+#      the PyTorch fallback vs the oracle, each checked against the oracle, GB/s and % of the
+#      read bandwidth measured in the same run
 # Writes <out>/<step>.log, <out>/bench_<layout>[_fp8].{md,json} and <out>/results.md (one row
 # per step) (the ptxas report is inside build.log).
 # No network is needed. Exit status: 0 when every step passed, else the number of failed steps
@@ -144,8 +144,8 @@ bench_step() {
     --markdown "$OUT_DIR/$name.md" --json "$OUT_DIR/$name.json"
 }
 REGIMES=(big-batch small-batch gqa8 tp8-kv1 long)
-VLLM_CONTENDERS=ours-v2,ours-v1,oracle,sdpa-dense
-NHD_CONTENDERS=ours-decode,oracle,sdpa-dense
+VLLM_CONTENDERS=ours-v2,ours-v1,fallback,oracle,sdpa-dense
+NHD_CONTENDERS=ours-decode,fallback,oracle,sdpa-dense
 bench_step bench_vllm vllm "$VLLM_CONTENDERS" auto "${REGIMES[@]}"
 bench_step bench_nhd nhd "$NHD_CONTENDERS" auto "${REGIMES[@]}"
 bench_step bench_vllm_fp8 vllm "$VLLM_CONTENDERS" fp8 big-batch small-batch
