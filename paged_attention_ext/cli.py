@@ -59,9 +59,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="custom shape, e.g. batch=8,heads=32,kv_heads=8,head=128,"
                             "ctx=1k/4k,block=16 (repeatable)")
     bench.add_argument("--contenders", default=None,
-                       help="comma-separated subset of: ours-v2, ours-v1, oracle, fallback, "
-                            "gather-sdpa, sdpa-dense (default: all but fallback; sdpa-dense "
-                            "on CUDA only)")
+                       help="comma-separated subset of: ours-v2, ours-v1 (--kv-layout vllm), "
+                            "ours-decode (nhd / hnd), oracle, fallback, gather-sdpa, "
+                            "sdpa-dense (default: all that apply; sdpa-dense on CUDA only)")
     bench.add_argument("--json", metavar="PATH", help="write all results as JSON")
     bench.add_argument("--plot", metavar="FILE.png", help="GB/s vs context length (matplotlib)")
     bench.add_argument("--markdown", metavar="PATH", help="write the table as Markdown")
@@ -114,7 +114,8 @@ def _bench_config(args):
     dtype_name = args.dtype or ("bfloat16" if device == "cuda" else "float32")
     shapes = []
     if args.preset or not args.shape:
-        shapes += presets.preset_shapes(args.preset or presets.default_presets(device), args.full)
+        shapes += presets.preset_shapes(args.preset or presets.default_presets(device), args.full,
+                                        device)
     for spec in args.shape or ():
         shapes += presets.parse_shape(spec)
     names = (tuple(n.strip() for n in args.contenders.split(",") if n.strip())

@@ -15,10 +15,14 @@
 #      arch check's first call on each GPU), the CUDA cases of the fallback tests (CUDA-graph
 #      replay of the PyTorch implementation) and of tests/test_blocksparse.py
 #   4. python -m paged_attention_ext check (every backend on this machine vs the oracle)
-#   5. scripts/bench_cuda.py (ours vs SDPA vs the oracle, with the copy bandwidth)
-#   6. the CLI benchmark, python -m paged_attention_ext bench --device cuda
-# Writes <out>/<step>.log, <out>/bench_cuda.md and <out>/results.md (one row per step): 8 files
-# (the ptxas report is inside build.log).
+#   5. the benchmark, python -m paged_attention_ext bench --device cuda, on the regime presets
+#      of docs/CUDA.md's performance model (big-batch, small-batch, gqa8, tp8-kv1, long), for
+#      --kv-layout vllm (v1, v2) and nhd (decode), then the fp8 cache (--kv-cache-dtype fp8) on
+#      big-batch and small-batch for both layouts: ours vs SDPA (flash) on contiguous K/V vs
+#      the PyTorch fallback vs the oracle, each checked against the oracle, GB/s and % of the
+#      read bandwidth measured in the same run
+# Writes <out>/<step>.log, <out>/bench_<layout>[_fp8].{md,json} and <out>/results.md (one row
+# per step) (the ptxas report is inside build.log).
 # No network is needed. Exit status: 0 when every step passed, else the number of failed steps
 # (3 when there is no GPU).
 set -uo pipefail
@@ -128,19 +132,26 @@ run_step tests_cuda 150 "$PY" -m pytest tests/test_cuda_kernels.py tests/test_wa
 # ---- 4. every backend on this machine against the oracle ----
 run_step check 40 "$PY" -m paged_attention_ext check
 
-# ---- 5. our benchmark ----
-run_step bench_cuda 60 "$PY" scripts/bench_cuda.py --iters 30 --out "$OUT_DIR/bench_cuda.md"
-
-# ---- 6. the CLI benchmark (skipped when the CLI has no bench subcommand or no time is left) ----
-# (the probe runs only with time left for it and a step after it: the budget holds)
-if (( BUDGET - ($(date +%s) - SCRIPT_START) > 25 + MIN_STEP )) &&
-   timeout -k 5 20 "$PY" -m paged_attention_ext bench --help > /dev/null 2>&1; then
-  run_step bench_cli 40 "$PY" -m paged_attention_ext bench --device cuda
-else
-  echo "| bench_cli | skipped (no 'bench' subcommand, or no time left for it) | 0 | |" >> "$RESULTS"
-fi
+# ---- 5. the benchmark (paged_attention_ext/bench: one harness for CPU and CUDA) ----
+# bench_step NAME KV_LAYOUT CONTENDERS KV_CACHE_DTYPE PRESET...
+bench_step() {
+  local name="$1" layout="$2" contenders="$3" cache="$4"
+  shift 4
+  local preset_args=()
+  for preset in "$@"; do preset_args+=(--preset "$preset"); done
+  run_step "$name" 45 "$PY" -m paged_attention_ext bench --device cuda --quick --no-progress \
+    --kv-layout "$layout" --kv-cache-dtype "$cache" --contenders "$contenders" "${preset_args[@]}" \
+    --markdown "$OUT_DIR/$name.md" --json "$OUT_DIR/$name.json"
+}
+REGIMES=(big-batch small-batch gqa8 tp8-kv1 long)
+VLLM_CONTENDERS=ours-v2,ours-v1,fallback,oracle,sdpa-dense
+NHD_CONTENDERS=ours-decode,fallback,oracle,sdpa-dense
+bench_step bench_vllm vllm "$VLLM_CONTENDERS" auto "${REGIMES[@]}"
+bench_step bench_nhd nhd "$NHD_CONTENDERS" auto "${REGIMES[@]}"
+bench_step bench_vllm_fp8 vllm "$VLLM_CONTENDERS" fp8 big-batch small-batch
+bench_step bench_nhd_fp8 nhd "$NHD_CONTENDERS" fp8 big-batch small-batch
 
 echo
 cat "$RESULTS"
-[[ -f "$OUT_DIR/bench_cuda.md" ]] && cat "$OUT_DIR/bench_cuda.md"
+for table in "$OUT_DIR"/bench_*.md; do [[ -f "$table" ]] && cat "$table"; done
 exit "$FAILED"

@@ -182,7 +182,7 @@ def test_bench_subprocess_json_and_plot(tmp_path):
     samples = data["bandwidth"]["samples"]  # before and after the kernels; the best is used
     assert len(samples) == 2
     assert data["bandwidth"]["read_gbps"] == max(s["read_gbps"] for s in samples)
-    shapes = presets.preset_shapes(["tiny"], full=False)
+    shapes = presets.preset_shapes(["tiny"], full=False, device="cpu")
     names = contenders.default_contenders("cpu")
     assert len(data["results"]) == len(shapes) * len(names)
     for row in data["results"]:
@@ -265,6 +265,47 @@ def test_bench_usage_errors(capsys):
     assert "divisible" in err and "nope" in err and "multiple of x = 8" in err
     with pytest.raises(SystemExit):
         cli.main(["bench", "--quick", "--full"])
+
+
+def test_cuda_regime_presets_parse():
+    """The regimes of docs/CUDA.md's performance model, one shape each, quick == full."""
+    shapes = {n: presets.preset_shapes([n], full=False, device="cuda")
+              for n in presets.CUDA_REGIMES}
+    assert all(len(v) == 1 for v in shapes.values())
+    assert all(presets.preset_shapes([n], full=True, device="cuda") == shapes[n]
+               for n in presets.CUDA_REGIMES)
+    dims = {n: (s.batch, s.heads, s.kv_heads, s.head, s.ctx) for n, (s,) in shapes.items()}
+    assert dims == {"big-batch": (64, 32, 8, 128, 4096), "small-batch": (8, 32, 8, 128, 1024),
+                    "gqa8": (32, 64, 8, 128, 4096), "tp8-kv1": (128, 8, 1, 128, 4096),
+                    "long": (1, 32, 8, 128, 100_000)}
+    assert set(presets.CUDA_ONLY) <= set(presets.PRESET_NAMES)
+    assert set(presets.CUDA_DEFAULT) >= set(presets.CPU_DEFAULT)
+
+
+@pytest.mark.parametrize("name", presets.CUDA_ONLY)
+def test_cuda_only_preset_refused_on_cpu(name, capsys):
+    with pytest.raises(ValueError, match="--device cuda only"):
+        presets.preset_shapes(["tiny", name], full=False, device="cpu")
+    # the CLI turns it into a usage error (exit 2) before building anything
+    assert cli.main(["bench", "--device", "cpu", "--preset", name, "--no-progress"]) == 2
+    assert f"preset {name!r} is for --device cuda only" in capsys.readouterr().err
+
+
+def test_cpu_presets_are_allowed_on_cpu():
+    assert presets.preset_shapes(presets.CPU_DEFAULT + ("small-batch", "tiny"), full=False,
+                                 device="cpu")
+
+
+def test_dense_sdpa_names_its_backend():
+    work = make_workload(presets.parse_shape("batch=2,heads=4,kv_heads=2,head=32,ctx=40")[0],
+                         torch.float32, "auto", "cpu")
+    run = contenders.CONTENDERS["sdpa-dense"].prepare(work)
+    assert run.note == "SDPA backend: torch's choice"  # flash is only forced on CUDA
+    rows = runner.run_bench(runner.BenchConfig(
+        device="cpu", dtype=torch.float32, kv_cache_dtype="auto",
+        shapes=presets.parse_shape("batch=2,heads=4,kv_heads=2,head=32,ctx=40"),
+        contenders=("sdpa-dense",), bandwidth_bytes=1 << 20)).rows
+    assert rows[0]["correct"] is True and rows[0]["note"] == "SDPA backend: torch's choice"
 
 
 def test_parse_shape():

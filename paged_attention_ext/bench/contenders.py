@@ -115,9 +115,40 @@ def _prepare_gather_sdpa(work):
     return lambda: _sdpa(work, *_gather_dense(work))
 
 
+def _flash_sdpa(work: Workload, k, v):
+    """On CUDA, SDPA restricted to the flash backend if it accepts this call (dtype, head size,
+    GQA), else None."""
+    if work.query.device.type != "cuda":
+        return None
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def run():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return _sdpa(work, k, v)
+
+    try:
+        run()
+        torch.cuda.synchronize()
+    except RuntimeError:  # "No available kernel": flash does not take this call
+        return None
+    return run
+
+
 def _prepare_dense_sdpa(work):
+    """The yardstick on CUDA: flash SDPA on contiguous K/V when flash takes the call; the
+    backend used is named in the row's note (the run's `note` attribute)."""
     k, v = (t.contiguous() for t in _gather_dense(work))  # built once, outside the timing
-    return lambda: _sdpa(work, k, v)
+    flash = _flash_sdpa(work, k, v)
+    if flash is not None:
+        flash.note = "SDPA backend: flash"
+        return flash
+
+    def run():
+        return _sdpa(work, k, v)
+
+    run.note = ("SDPA backend: torch's choice (flash refused the call)"
+                if work.query.device.type == "cuda" else "SDPA backend: torch's choice")
+    return run
 
 
 def vllm_pick(work: Workload) -> str:
@@ -143,7 +174,8 @@ CONTENDERS = {
                              blocksparse=False),
     "sdpa-dense": Contender("sdpa-dense", False, _prepare_dense_sdpa,
                             "F.scaled_dot_product_attention on contiguous K/V (no paging; "
-                            "a lower bound for dense attention)", blocksparse=False),
+                            "a lower bound for dense attention; on CUDA the flash backend "
+                            "when it takes the call)", blocksparse=False),
 }
 DEFAULT_CPU = ("ours-v2", "ours-v1", "ours-decode", "fallback", "oracle", "gather-sdpa")
 DEFAULT_CUDA = DEFAULT_CPU + ("sdpa-dense",)

@@ -43,23 +43,37 @@ _PRESETS = {
     "mha": ([Shape("mha", 4, 32, 32, 128, 2048)], [Shape("mha", 4, 32, 32, 128, 4096)]),
     "qwen": ([Shape("qwen", 1, 24, 4, 256, 16384)], [Shape("qwen", 1, 24, 4, 256, 100_000)]),
     "many-short": ([_llama(64, 256, "many-short")], [_llama(64, 256, "many-short")]),
-    # CUDA-only sizes (too slow for the CPU contenders).
+    # The CUDA regimes (docs/CUDA.md, "Performance model"): one shape each, the same in quick
+    # and full. With --kv-cache-dtype fp8 they give the fp8-cache regime.
     "big-batch": ([_llama(64, 4096, "big-batch")], [_llama(64, 4096, "big-batch")]),
+    "small-batch": ([_llama(8, 1024, "small-batch")], [_llama(8, 1024, "small-batch")]),
+    # GQA 8: a 70B-class model on one device (64 query heads over 8 KV heads).
+    "gqa8": ([Shape("gqa8", 32, 64, 8, 128, 4096)], [Shape("gqa8", 32, 64, 8, 128, 4096)]),
+    # A 70B-class model split 8 ways by tensor parallelism: 8 query heads, 1 KV head per device.
+    "tp8-kv1": ([Shape("tp8-kv1", 128, 8, 1, 128, 4096)],
+                [Shape("tp8-kv1", 128, 8, 1, 128, 4096)]),
     "long": ([_llama(1, 100_000, "long")], [_llama(1, 100_000, "long")]),
     # For tests and smoke runs: seconds on any machine.
     "tiny": ([Shape("tiny", 3, 4, 2, 64, 100), Shape("tiny", 3, 4, 2, 64, 700)],
              [Shape("tiny", 3, 4, 2, 64, 100), Shape("tiny", 3, 4, 2, 64, 700)]),
 }
+# Too slow for the CPU contenders (the oracle alone takes minutes): refused with --device cpu.
+CUDA_ONLY = ("big-batch", "gqa8", "tp8-kv1", "long")
+# One shape per regime of the CUDA performance model, in its order.
+CUDA_REGIMES = ("big-batch", "small-batch", "gqa8", "tp8-kv1", "long")
 CPU_DEFAULT = ("llama3-8b", "mha", "qwen", "many-short")
 CUDA_DEFAULT = CPU_DEFAULT + ("big-batch", "long")
 PRESET_NAMES = tuple(_PRESETS)
 
 
-def preset_shapes(names, full: bool) -> list:
+def preset_shapes(names, full: bool, device: str) -> list:
     shapes = []
     for name in names:
         if name not in _PRESETS:
             raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESET_NAMES)}")
+        if name in CUDA_ONLY and device != "cuda":
+            raise ValueError(f"preset {name!r} is for --device cuda only (too slow on {device}); "
+                             f"CUDA-only presets: {', '.join(CUDA_ONLY)}")
         shapes.extend(_PRESETS[name][1 if full else 0])
     return shapes
 

@@ -145,6 +145,7 @@ def _bench_shape(shape: Shape, config: BenchConfig, plan, flusher, progress) -> 
         progress.phase(f"{shape.label}: {name} (check)")
         try:
             run = contender.prepare(work)
+            row["note"] = getattr(run, "note", "")  # e.g. the SDPA backend used
             row.update(_check(run, expected, work, config.device))
         except Exception as exc:  # e.g. a head size a kernel is not compiled for
             row.update(correct=False, note=f"error: {type(exc).__name__}: {exc}".splitlines()[0])
@@ -154,7 +155,8 @@ def _bench_shape(shape: Shape, config: BenchConfig, plan, flusher, progress) -> 
         too_slow = max(row["first_call_s"], oracle_s if name == "oracle" else 0.0)
         limit = config.skip_timing_after_s or (20.0 if config.full else 3.0)
         if not contender.ours and too_slow > limit:
-            row["note"] = f"not timed: one call took {too_slow:.1f} s"
+            row["note"] = "; ".join(filter(None, (row["note"],
+                                                  f"not timed: one call took {too_slow:.1f} s")))
         else:
             progress.phase(f"{shape.label}: {name} (timing)")
             timing = time_call(run, config.device, plan, flusher)
