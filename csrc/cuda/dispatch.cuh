@@ -16,6 +16,8 @@
 
 #include <type_traits>
 
+#include "../core/params.h"
+
 namespace paged_attn {
 namespace cuda {
 
@@ -33,6 +35,21 @@ constexpr bool is_supported_head_size(int head_size) {
     if (d == head_size) return true;
   return false;
 }
+
+// The (query dtype, cache kind) pairs the attention kernels are instantiated for, one
+// attention_<dtype>_<cache>.cu each. build_info.cu references each pair's launcher, so a pair
+// listed here that no file instantiates makes the library fail to load.
+struct AttentionPair {
+  ScalarKind scalar;
+  CacheKind cache;
+};
+constexpr AttentionPair kAttentionPairs[] = {
+    {ScalarKind::kFloat32, CacheKind::kAuto},   {ScalarKind::kFloat32, CacheKind::kFp8E4M3},
+    {ScalarKind::kFloat32, CacheKind::kFp8E5M2}, {ScalarKind::kFloat16, CacheKind::kAuto},
+    {ScalarKind::kFloat16, CacheKind::kFp8E4M3}, {ScalarKind::kFloat16, CacheKind::kFp8E5M2},
+    {ScalarKind::kBFloat16, CacheKind::kAuto},  {ScalarKind::kBFloat16, CacheKind::kFp8E4M3},
+    {ScalarKind::kBFloat16, CacheKind::kFp8E5M2},
+};
 
 template <int N>
 using IntC = std::integral_constant<int, N>;
