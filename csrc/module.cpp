@@ -115,12 +115,14 @@ bool add_cuda_info(PyObject* info) {
   for (int d : cuda::head_sizes())
     if (sizes != nullptr && !append(sizes, PyLong_FromLong(d))) Py_CLEAR(sizes);
   return set_item(info, "cuda", PyBool_FromLong(1)) && set_item(info, "cuda_archs", archs) &&
-         set_item(info, "cuda_attention_pairs", pairs) && set_item(info, "cuda_head_sizes", sizes) &&
+         set_item(info, "cuda_attention_pairs", pairs) &&
+         set_item(info, "cuda_head_sizes", sizes) &&
          set_item(info, "cuda_runtime_version", PyLong_FromLong(cuda::cuda_runtime_version()));
 }
 #else
 bool add_cuda_info(PyObject* info) {
-  return set_item(info, "cuda", PyBool_FromLong(0)) && set_item(info, "cuda_archs", PyList_New(0)) &&
+  return set_item(info, "cuda", PyBool_FromLong(0)) &&
+         set_item(info, "cuda_archs", PyList_New(0)) &&
          set_item(info, "cuda_attention_pairs", PyList_New(0)) &&
          set_item(info, "cuda_head_sizes", PyList_New(0)) &&
          set_item(info, "cuda_runtime_version", PyLong_FromLong(0));
