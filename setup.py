@@ -70,7 +70,8 @@ def _cuda_arch_module():
 def cuda_arch_flags() -> list:
     """nvcc's -gencode flags for the resolved arch list (cuda_arch.resolve_build: an explicit
     TORCH_CUDA_ARCH_LIST, else the visible GPUs + PTX of the newest, else the default list), plus
-    -DPAGED_ATTN_CUDA_ARCHS naming the same images for the run-time check in ops_cuda.cu. The
+    -DPAGED_ATTN_CUDA_ARCHS naming the same images (csrc/cuda/build_info.cu: the run-time check
+    in ops_cuda.cu and build_info()). The
     flags are torch's own translation of the list; passing them explicitly stops torch from
     adding its own (and from failing when no GPU is visible)."""
     archs, why, flags, targets = _cuda_arch_module().resolve_build(
@@ -119,6 +120,8 @@ def extension():
         py_limited_api=True,
     )
     if want_cuda():
+        # PAGED_ATTN_WITH_CUDA: module.cpp's build_info() reports the CUDA part (cuda/build_info.h).
+        cxx_flags = cxx_flags + ["-DPAGED_ATTN_WITH_CUDA"]
         # nvcc has no -g0 (host debug info is off by default there).
         nvcc_flags = [f for f in opt if f != "-g0"] + ["-lineinfo", "--expt-relaxed-constexpr"]
         nvcc_flags += cuda_arch_flags()

@@ -1,13 +1,33 @@
 // module.cpp — the Python module `paged_attention_ext._C`. Importing it loads this shared library,
 // which runs the static TORCH_LIBRARY registrations (ops.cpp, cpu/bindings_cpu.cpp, cuda/). Its
-// only Python functions say which CPU kernel variant runs (paged_attention_ext.cpu_kernel()):
+// Python functions only convert what the owners of each fact report:
 //   cpu_kernel() -> str                              the variant the next CPU call runs
 //   cpu_kernel_variants() -> [(name, runnable, why_not)]   every variant of this build, best first
+//   build_info() -> dict                             what this build compiled and registered:
+//     torch_version        str, the torch the library was compiled against (torch's headers)
+//     cpu_kernel_variants  [name], best first (cpu/kernel_variants.cpp)
+//     registered_kernels   {dispatch key: [op overload]} (torch_glue/registered_kernels.h)
+//     cuda                 bool, CUDA kernels compiled (PAGED_ATTN_WITH_CUDA, set by the build)
+//     cuda_archs           [image] ("sm_80", "compute_120"; cuda/build_info.h), [] without CUDA
+//     cuda_attention_pairs [(query dtype, kv_cache_dtype)] (cuda/dispatch.cuh), [] without CUDA
+//     cuda_head_sizes      [int] (cuda/dispatch.cuh), [] without CUDA
+//     cuda_runtime_version int (CUDART_VERSION), 0 without CUDA
 #include <Python.h>
 
 #include <string>
 
+#if __has_include(<torch/headeronly/version.h>)
+#include <torch/headeronly/version.h>
+#else
+#include <torch/version.h>
+#endif
+
 #include "cpu/kernel_choice.h"
+#include "torch_glue/registered_kernels.h"
+#ifdef PAGED_ATTN_WITH_CUDA
+#include "core/cuda_arch.h"
+#include "cuda/build_info.h"
+#endif
 
 namespace {
 
@@ -38,10 +58,94 @@ PyObject* cpu_kernel_variants(PyObject*, PyObject*) {
   return list;
 }
 
+// dict[key] = value, stealing value; false (Python error set) on failure.
+bool set_item(PyObject* dict, const char* key, PyObject* value) {
+  if (value == nullptr) return false;
+  const int rc = PyDict_SetItemString(dict, key, value);
+  Py_DECREF(value);
+  return rc == 0;
+}
+
+// list.append(value), stealing value.
+bool append(PyObject* list, PyObject* value) {
+  if (value == nullptr) return false;
+  const int rc = PyList_Append(list, value);
+  Py_DECREF(value);
+  return rc == 0;
+}
+
+PyObject* cpu_variant_names() {
+  PyObject* list = PyList_New(0);
+  int count = 0;
+  const paged_attn::cpu::KernelVariant* variants = paged_attn::cpu::kernel_variants(&count);
+  for (int i = 0; list != nullptr && i < count; ++i)
+    if (!append(list, PyUnicode_FromString(variants[i].name))) Py_CLEAR(list);
+  return list;
+}
+
+PyObject* registered_kernels() {
+  PyObject* dict = PyDict_New();
+  for (const auto& k : paged_attn::registered_kernels()) {
+    if (dict == nullptr) break;
+    PyObject* ops = PyDict_GetItemString(dict, k.dispatch_key.c_str());  // borrowed
+    if (ops == nullptr) {
+      if (!set_item(dict, k.dispatch_key.c_str(), PyList_New(0))) Py_CLEAR(dict);
+      if (dict == nullptr) break;
+      ops = PyDict_GetItemString(dict, k.dispatch_key.c_str());
+    }
+    if (!append(ops, PyUnicode_FromString(k.op.c_str()))) Py_CLEAR(dict);
+  }
+  return dict;
+}
+
+#ifdef PAGED_ATTN_WITH_CUDA
+bool add_cuda_info(PyObject* info) {
+  namespace cuda = paged_attn::cuda;
+  std::vector<paged_attn::arch::Target> targets;
+  paged_attn::arch::parse_targets(cuda::compiled_archs(), targets);
+  PyObject* archs = PyList_New(0);
+  for (const auto& t : targets)
+    if (archs != nullptr && !append(archs, PyUnicode_FromString(t.name().c_str())))
+      Py_CLEAR(archs);
+  PyObject* pairs = PyList_New(0);
+  for (const auto& p : cuda::attention_pairs())
+    if (pairs != nullptr && !append(pairs, Py_BuildValue("(ss)", p.query_dtype, p.kv_cache_dtype)))
+      Py_CLEAR(pairs);
+  PyObject* sizes = PyList_New(0);
+  for (int d : cuda::head_sizes())
+    if (sizes != nullptr && !append(sizes, PyLong_FromLong(d))) Py_CLEAR(sizes);
+  return set_item(info, "cuda", PyBool_FromLong(1)) && set_item(info, "cuda_archs", archs) &&
+         set_item(info, "cuda_attention_pairs", pairs) &&
+         set_item(info, "cuda_head_sizes", sizes) &&
+         set_item(info, "cuda_runtime_version", PyLong_FromLong(cuda::cuda_runtime_version()));
+}
+#else
+bool add_cuda_info(PyObject* info) {
+  return set_item(info, "cuda", PyBool_FromLong(0)) &&
+         set_item(info, "cuda_archs", PyList_New(0)) &&
+         set_item(info, "cuda_attention_pairs", PyList_New(0)) &&
+         set_item(info, "cuda_head_sizes", PyList_New(0)) &&
+         set_item(info, "cuda_runtime_version", PyLong_FromLong(0));
+}
+#endif
+
+PyObject* build_info(PyObject*, PyObject*) {
+  PyObject* info = PyDict_New();
+  if (info == nullptr) return nullptr;
+  const bool ok = set_item(info, "torch_version", PyUnicode_FromString(TORCH_VERSION)) &&
+                  set_item(info, "cpu_kernel_variants", cpu_variant_names()) &&
+                  set_item(info, "registered_kernels", registered_kernels()) &&
+                  add_cuda_info(info);
+  if (!ok) Py_CLEAR(info);
+  return info;
+}
+
 PyMethodDef methods[] = {
     {"cpu_kernel", cpu_kernel, METH_NOARGS, "The CPU kernel variant the next call runs."},
     {"cpu_kernel_variants", cpu_kernel_variants, METH_NOARGS,
      "Every CPU kernel variant of this build, best first: (name, runnable, why_not)."},
+    {"build_info", build_info, METH_NOARGS,
+     "What this build compiled and registered (see paged_attention_ext.build_info)."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -60,6 +60,23 @@ def cpu_kernel_variants() -> list:
         return []
     return list(_C.cpu_kernel_variants())
 
+
+def build_info():
+    """What the loaded extension `_C` was built with, as the extension itself reports it
+    (csrc/module.cpp): a dict with
+      torch_version         the torch it was compiled against
+      cpu_kernel_variants   [name] of the CPU kernel variants compiled, best first
+      registered_kernels    {dispatch key ("CPU", "CUDA"): [op overload ("v2", "v2.scale_tensor")]}
+      cuda                  whether CUDA kernels were compiled
+      cuda_archs            [image] ("sm_80", "compute_120") the CUDA kernels were compiled for
+      cuda_attention_pairs  [(query dtype, kv_cache_dtype)] the CUDA attention kernels exist for
+      cuda_head_sizes       [int] the CUDA attention kernels accept
+      cuda_runtime_version  CUDART_VERSION of the build (0 without CUDA)
+    None when `_C` is not loaded (extension_status() says why)."""
+    if not extension_loaded():
+        return None
+    return _C.build_info()
+
 def extension_status() -> str:
     """What happened to the compiled extension `_C`, in words (for `info` and skip reasons)."""
     if EXTENSION_STATUS == "loaded":
@@ -91,4 +108,4 @@ from .api import (PARTITION_SIZE, allocate_kv_cache, allocate_paged_kv_cache,  #
 
 __all__ = ["PARTITION_SIZE", "allocate_kv_cache", "allocate_paged_kv_cache", "paged_attention",
            "paged_decode", "reshape_and_cache", "reshape_and_cache_flash", "extension_loaded",
-           "extension_status", "cpu_kernel", "cpu_kernel_variants", "reference"]
+           "extension_status", "cpu_kernel", "cpu_kernel_variants", "build_info", "reference"]

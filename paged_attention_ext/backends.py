@@ -1,16 +1,14 @@
 """Which implementations of torch.ops.paged_attn.* exist in this process, and how to call each.
 
 One job: detection. `detect()` answers `info`; `active_backends()` lists what `check` runs.
-Detection reads the dispatcher (which dispatch key has a kernel, and whether the kernel was
-registered from C++ or from Python), so it reports what torch will actually run.
+What the package compiled and registered comes from the extension itself
+(paged_attention_ext.build_info()); which dispatch key has a kernel now comes from the dispatcher,
+so the report is what torch will actually run.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
-import re
-import struct
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Optional
@@ -39,8 +37,7 @@ class KeyInfo:
     """What the dispatcher holds for one op under one dispatch key."""
 
     registered: bool
-    origin: str  # "C++", "Python" or "" (not registered)
-    where: str   # "file:line" the registration came from
+    origin: str  # "C++" (this build of _C registered it), "Python" (any other) or "" (none)
 
 
 @dataclass(frozen=True)
@@ -64,7 +61,8 @@ class Detection:
     extension_path: str
     ops_registered: bool
     kernels: dict = field(default_factory=dict)  # op -> {dispatch key -> KeyInfo}
-    cuda_archs: list = field(default_factory=list)  # archs compiled into _C ("sm_90", ...)
+    build_info: Optional[dict] = None  # paged_attention_ext.build_info(); None: _C not loaded
+    cuda_archs: list = field(default_factory=list)  # images compiled into _C ("sm_90", ...)
     gpus: list = field(default_factory=list)  # GpuInfo per visible CUDA device
     cpu_kernel: str = ""  # the CPU kernel variant our ops run ("avx2-fma", ...) or the error
     cpu_kernel_variants: list = field(default_factory=list)  # [(name, runnable, why_not)]
@@ -101,53 +99,28 @@ def _op_exists(qualified: str) -> bool:
         return False
 
 
-def kernel_info(qualified: str, key: str) -> KeyInfo:
-    """Is a kernel registered for exactly this dispatch key of operator `qualified`
-    ("paged_attn::v2"), and from which language? _dispatch_dump lines read
-    'CPU: registered at /path/file.cpp:42 :: ...'; anything but a C/C++/CUDA source file there
-    (a .py file, '<string>') is a Python registration."""
-    if not (_op_exists(qualified)
-            and torch._C._dispatch_has_kernel_for_dispatch_key(qualified, key)):
-        return KeyInfo(False, "", "")
-    match = re.search(rf"^{key}(?:\[alias\])?: registered at (\S+)",
-                      torch._C._dispatch_dump(qualified), re.MULTILINE)
-    where = match.group(1) if match else "?"
-    origin = "C++" if re.search(r"\.(cpp|cc|cxx|cu|cuh|h|hpp)(:\d+)?$", where) else "Python"
-    return KeyInfo(True, origin, where)
+def _build_info() -> Optional[dict]:
+    package, _ = _import("paged_attention_ext")
+    return package.build_info() if package is not None else None
 
 
-def compiled_kernel(op: str, key: str) -> bool:
-    """True when a C++/CUDA kernel (not a Python registration) serves `op` under `key`."""
-    info = kernel_info(f"{_LIB}::{op}", key)
+def kernel_info(op: str, key: str, build: Optional[dict] = None) -> KeyInfo:
+    """Is a kernel registered for exactly dispatch key `key` of paged_attn::`op` (an overload
+    name: "v2", "v2.scale_tensor"), and did this build of _C register it (build_info's
+    registered_kernels; `build` defaults to the loaded package's) or Python code?"""
+    if not (_op_exists(f"{_LIB}::{op}")
+            and torch._C._dispatch_has_kernel_for_dispatch_key(f"{_LIB}::{op}", key)):
+        return KeyInfo(False, "")
+    build = _build_info() if build is None else build
+    ours = build is not None and op in build.get("registered_kernels", {}).get(key, [])
+    return KeyInfo(True, "C++" if ours else "Python")
+
+
+def compiled_kernel(op: str, key: str, build: Optional[dict] = None) -> bool:
+    """True when this build's C++/CUDA kernel (not a Python registration) serves `op` under
+    `key`."""
+    info = kernel_info(op, key, build)
     return info.registered and info.origin == "C++"
-
-
-# -- CUDA archs compiled into the extension --------------------------------------------------
-# A CUDA fatbinary starts with magic 0xBA55ED50 (u32), version (u16), header size (u16),
-# payload size (u64). Each entry then has: kind (u16: 1 PTX, 2 ELF cubin), version (u16),
-# header size (u32), padded payload size (u64), ..., the SM number (u32) at byte 28.
-_FATBIN_MAGIC = struct.pack("<I", 0xBA55ED50)
-
-
-def fatbin_archs(blob: bytes) -> list:
-    """Sorted 'sm_XX' (cubin) and 'compute_XX' (PTX) names found in a shared library's fatbins."""
-    found = set()
-    start = blob.find(_FATBIN_MAGIC)
-    while start != -1:
-        try:
-            _, _, header_size, fat_size = struct.unpack_from("<IHHQ", blob, start)
-            pos, end = start + header_size, start + header_size + fat_size
-            while pos + 32 <= min(end, len(blob)):
-                kind, _, entry_header, padded = struct.unpack_from("<HHIQ", blob, pos)
-                sm = struct.unpack_from("<I", blob, pos + 28)[0]
-                if kind not in (1, 2) or entry_header == 0 or not 10 <= sm < 1000:
-                    break
-                found.add(("sm_" if kind == 2 else "compute_") + str(sm))
-                pos += entry_header + padded
-        except struct.error:
-            pass
-        start = blob.find(_FATBIN_MAGIC, start + 4)
-    return sorted(found, key=lambda a: (int(a.split("_")[1]), a))
 
 
 def _extension_path(module) -> str:
@@ -178,13 +151,13 @@ def detect() -> Detection:
         extension_error=ext_error,
         extension_path=_extension_path(ext) if ext else "",
         ops_registered=all(_op_exists(f"{_LIB}::{op}") for op in OPS),
+        build_info=package.build_info() if ext is not None else None,
     )
+    build = det.build_info or {}
+    det.cuda_archs = list(build.get("cuda_archs", []))
     for op in OPS:
-        det.kernels[op] = {key: kernel_info(f"{_LIB}::{op}", key)
+        det.kernels[op] = {key: kernel_info(op, key, build)
                            for key in ("CPU", "CUDA", "CompositeExplicitAutograd", "Meta")}
-    if det.extension_path and os.path.exists(det.extension_path):
-        with open(det.extension_path, "rb") as f:
-            det.cuda_archs = fatbin_archs(f.read())
     if det.cuda_available:
         for i in range(torch.cuda.device_count()):
             cap = tuple(torch.cuda.get_device_capability(i))
@@ -197,16 +170,13 @@ def detect() -> Detection:
 
 
 def _fallback_ops() -> Optional[Any]:
-    """The Python fallback's functions, callable directly (bypassing the dispatcher), if the
-    fallback module exposes them under the op names."""
+    """The Python fallback's functions (paged_attention_v1 / _v2, the others by their op names),
+    callable directly, bypassing the dispatcher."""
     module, _ = _import("paged_attention_ext.fallback")
     if module is None:
         return None
-    names = {op: getattr(module, op, None) or getattr(module, f"paged_attention_{op}", None)
-             for op in OPS}
-    if not all(callable(fn) for fn in names.values()):
-        return None
-    return SimpleNamespace(**names)
+    return SimpleNamespace(**{op: getattr(module, f"paged_attention_{op}" if op in ("v1", "v2")
+                                          else op) for op in OPS})
 
 
 def active_backends(det: Optional[Detection] = None) -> list:
@@ -216,7 +186,8 @@ def active_backends(det: Optional[Detection] = None) -> list:
     if not det.ops_registered:
         return []
     backends = []
-    cpu_compiled = all(compiled_kernel(op, "CPU") for op in OPS)
+    build = det.build_info or {}
+    cpu_compiled = all(compiled_kernel(op, "CPU", build) for op in OPS)
     if cpu_compiled:
         backends.append(Backend("cpu-kernel", "cpu", torch.ops.paged_attn,
                                 f"C++ CPU kernel {det.cpu_kernel}"))
@@ -230,14 +201,15 @@ def active_backends(det: Optional[Detection] = None) -> list:
         # the current device: our kernels refuse a GPU the build does not cover (ops_cuda.cu)
         current = next((g for g in det.gpus if g.index == torch.cuda.current_device()), None)
         runs_here = current is None or current.match is None or current.match.runs
-        if all(compiled_kernel(op, "CUDA") for op in OPS) and runs_here:
+        cuda_compiled = all(compiled_kernel(op, "CUDA", build) for op in OPS)
+        if cuda_compiled and runs_here:
             backends.append(Backend("cuda-kernel", "cuda", torch.ops.paged_attn,
                                     "archs " + (", ".join(det.cuda_archs) or "unknown")))
             fallback = _fallback_ops()
             if fallback is not None:
                 backends.append(Backend("python-fallback-cuda", "cuda", fallback,
                                         "called directly"))
-        elif all(compiled_kernel(op, "CUDA") for op in OPS):
+        elif cuda_compiled:
             fallback = _fallback_ops()
             if fallback is not None:
                 backends.append(Backend("python-fallback-cuda", "cuda", fallback,
@@ -294,6 +266,21 @@ def _describe_gpus(det: Detection, cuda_compiled: bool) -> list:
     return lines
 
 
+def _describe_build(build: dict) -> list:
+    """(topic, text) lines: what the loaded _C says it was built with."""
+    cuda = build["cuda"]
+    runtime = build["cuda_runtime_version"]
+    lines = [("_C built with", f"torch {build['torch_version']}, " +
+              (f"CUDA {runtime // 1000}.{runtime % 1000 // 10}" if cuda else "no CUDA"))]
+    lines += [(f"_C {key} kernels", ", ".join(ops))
+              for key, ops in build["registered_kernels"].items()]
+    if cuda:
+        pairs = ", ".join(f"{dtype}/{cache}" for dtype, cache in build["cuda_attention_pairs"])
+        lines.append(("CUDA attention", f"query dtype / kv_cache_dtype {pairs}; head sizes "
+                      f"{', '.join(map(str, build['cuda_head_sizes']))}"))
+    return lines
+
+
 def describe(det: Detection) -> list:
     """(topic, text) lines for `info`."""
     lines = [("torch", f"{det.torch_version} (CUDA build: {det.torch_cuda or 'no'}, "
@@ -301,6 +288,7 @@ def describe(det: Detection) -> list:
              ("torch CPU SIMD", det.cpu_capability)]
     if det.extension_loaded:
         lines.append(("extension _C", f"loaded from {det.extension_path}"))
+        lines += _describe_build(det.build_info)
     else:
         lines.append(("extension _C", f"not loaded: {det.extension_error}"))
     if not det.ops_registered:
@@ -314,8 +302,9 @@ def describe(det: Detection) -> list:
             if info.registered:
                 parts.append(f"{key}: {info.origin}")
         lines.append((f"paged_attn::{op}", ", ".join(parts) or "no kernels"))
-    cpu = all(compiled_kernel(op, "CPU") for op in OPS)
-    cuda = all(compiled_kernel(op, "CUDA") for op in OPS)
+    build = det.build_info or {}
+    cpu = all(compiled_kernel(op, "CPU", build) for op in OPS)
+    cuda = all(compiled_kernel(op, "CUDA", build) for op in OPS)
     lines.append(("CPU backend", f"compiled kernel, variant {det.cpu_kernel}" if cpu
                   else "PyTorch fallback (no compiled CPU kernel)"))
     if cpu:

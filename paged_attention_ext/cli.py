@@ -1,7 +1,8 @@
 """`python -m paged_attention_ext` / `paged-attn`: info, check and bench.
 
-  info   torch version; which backends are compiled and active (CPU kernel and the variant that runs,
-         CUDA kernel and its archs, or the PyTorch fallback)
+  info   torch version; what the extension was built with (paged_attention_ext.build_info());
+         which backends are active (CPU kernel and the variant that runs, CUDA kernel and its
+         archs, or the PyTorch fallback)
   check  every active backend against the oracle on fresh random shapes; exit 1 on a mismatch
   bench  decode-attention presets: bandwidth, correctness, time, GB/s, speedups (see
          docs/PERFORMANCE.md)

@@ -15,10 +15,11 @@ from typing import Optional
 
 import torch
 
+import paged_attention_ext
+
 from . import reference, testing
 from .backends import Backend, active_backends
 
-HEAD_SIZES = (64, 80, 96, 112, 128, 256)  # sizes vLLM's CUDA kernels are compiled for
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -52,9 +53,19 @@ class CaseResult:
     message: str = ""
 
 
-def random_cases(rng: random.Random, count: int) -> list:
-    """`count` shapes; the first is fp32 with a plain cache, one later one uses an fp8 cache, and
-    lengths cross the 512-token partition boundary and include an empty row."""
+def head_sizes(build: Optional[dict]) -> tuple:
+    """Head sizes every backend of this build takes with every cache dtype: the CUDA kernels'
+    list (build_info, `build`) when CUDA kernels were compiled, else 32 to 256 (the CPU kernel and
+    the fallback take any head size), keeping those whose fp8 row is whole 16-byte vectors
+    (vLLM's x = 16 // element size; the CUDA kernels' vector loads)."""
+    sizes = build["cuda_head_sizes"] if build and build["cuda"] else range(32, 257, 16)
+    return tuple(d for d in sizes if d % 16 == 0)
+
+
+def random_cases(rng: random.Random, count: int, sizes: tuple) -> list:
+    """`count` shapes with head sizes drawn from `sizes`; the first is fp32 with a plain cache,
+    one later one uses an fp8 cache, and lengths cross the 512-token partition boundary and
+    include an empty row."""
     cases = []
     for i in range(count):
         kv_heads = rng.choice((1, 2, 4))
@@ -64,7 +75,7 @@ def random_cases(rng: random.Random, count: int) -> list:
         lens[rng.randrange(num_seqs)] = rng.choice((0, 511, 512, 513))
         dtype = torch.float32 if i == 0 else rng.choice(DTYPES)
         kv = "auto" if i != 2 else rng.choice(("fp8", "fp8_e4m3", "fp8_e5m2"))
-        cases.append(CaseSpec(num_seqs, kv_heads * group, kv_heads, rng.choice(HEAD_SIZES),
+        cases.append(CaseSpec(num_seqs, kv_heads * group, kv_heads, rng.choice(sizes),
                               rng.choice((8, 16, 32)), lens, dtype, kv, use_alibi=i == 1))
     return cases
 
@@ -174,7 +185,8 @@ def run_checks(num_cases: int = 3, seed: Optional[int] = None,
     """Returns (seed, backends, results)."""
     seed = random.SystemRandom().randrange(1 << 31) if seed is None else seed
     backends = active_backends() if backends is None else backends
-    cases = random_cases(random.Random(seed), num_cases)
+    cases = random_cases(random.Random(seed), num_cases,
+                         head_sizes(paged_attention_ext.build_info()))
     results = []
     for backend in backends:
         for i, case in enumerate(cases):

@@ -16,6 +16,7 @@ import textwrap
 
 import pytest
 
+import fatbin
 from paged_attention_ext import backends, cuda_arch
 from paged_attention_ext.cuda_arch import (DEFAULT_ARCH_LIST, Target, match, mismatch_message,
                                            parse_target, parse_targets, resolve_arch_list,
@@ -229,13 +230,16 @@ def test_cpp_twin_reports_a_bad_name_but_keeps_the_good_ones(host_check):
 # ---- the build: the list compiled into the run-time check is the library's real images ----
 
 def test_compiled_check_list_matches_the_library_images():
+    """The list the run-time check holds (and build_info() reports) is the library's real images,
+    read from its fatbinaries."""
     import paged_attention_ext as pa
 
     if not pa.extension_loaded():
         pytest.skip("the extension is not built")
     with open(pa._C.__file__, "rb") as f:
         blob = f.read()
-    images = backends.fatbin_archs(blob)
+    images = fatbin.fatbin_archs(blob)
+    assert pa.build_info()["cuda_archs"] == [t.name for t in parse_targets(images)]
     if not images:
         pytest.skip("the extension was built without CUDA kernels")
     expected = ":".join(t.name for t in parse_targets(images)).encode()

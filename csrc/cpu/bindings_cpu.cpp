@@ -63,8 +63,5 @@ void cache_flash(const at::Tensor& key, const at::Tensor& value, const at::Tenso
 }  // namespace cpu
 }  // namespace paged_attn
 
-TORCH_LIBRARY_IMPL(paged_attn, CPU, m) {
-  paged_attn::overloads::register_ops<paged_attn::cpu::attention, paged_attn::cpu::cache>(m);
-  paged_attn::overloads::register_token_major_ops<paged_attn::cpu::decode,
-                                                  paged_attn::cpu::cache_flash>(m);
-}
+PAGED_ATTN_REGISTER_KERNELS(CPU, paged_attn::cpu::attention, paged_attn::cpu::cache,
+                            paged_attn::cpu::decode, paged_attn::cpu::cache_flash)

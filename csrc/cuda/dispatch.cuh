@@ -17,6 +17,8 @@
 
 #include <type_traits>
 
+#include "../core/params.h"
+
 // The (query dtype, cache kind) pairs the CUDA kernels are compiled for:
 // X(ScalarKind enumerator, CacheKind enumerator), one line each. The build writes one
 // translation unit per pair from this list (generate_instantiations.py parses the lines between
@@ -51,6 +53,18 @@ constexpr bool is_supported_head_size(int head_size) {
     if (d == head_size) return true;
   return false;
 }
+
+// PAGED_ATTN_CUDA_PAIRS as an array, for code that loops over the pairs (build_info.cu, which
+// references each pair's launcher from the generated files).
+struct AttentionPair {
+  ScalarKind scalar;
+  CacheKind cache;
+};
+constexpr AttentionPair kAttentionPairs[] = {
+#define PA_ATTENTION_PAIR(scalar, cache) {ScalarKind::scalar, CacheKind::cache},
+    PAGED_ATTN_CUDA_PAIRS(PA_ATTENTION_PAIR)
+#undef PA_ATTENTION_PAIR
+};
 
 template <int N>
 using IntC = std::integral_constant<int, N>;

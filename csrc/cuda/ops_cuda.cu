@@ -11,7 +11,7 @@
 // instead.
 //
 // Arch check: before the first launch on each device, require_kernels_for() decides whether this
-// build's images (PAGED_ATTN_CUDA_ARCHS, set by setup.py from the real -gencode flags) can run on
+// build's images (build_info.h compiled_archs(): the real -gencode flags) can run on
 // that GPU (csrc/core/cuda_arch.h) and asks the driver to load one kernel; either failing raises
 // an error naming the GPU's arch, the compiled archs and the rebuild command. The answer is cached
 // per device: later calls cost one atomic load (no CUDA call, no sync).
@@ -30,6 +30,7 @@
 #include "../core/cuda_arch.h"
 #include "../torch_glue/overloads.h"
 #include "../torch_glue/validate.h"
+#include "build_info.h"
 #include "dispatch.cuh"
 #include "launch.h"
 
@@ -37,17 +38,6 @@ namespace paged_attn {
 namespace {
 
 constexpr int64_t kMaxGridYZ = 65535;  // CUDA grid dims y and z
-
-// The images this library holds, as a string: "sm_75:sm_80:...:compute_120" (colons: nvcc splits
-// -D values at commas). Empty when the build did not say (e.g. a CMake build without it): then
-// only the driver's probe decides.
-#define PA_STRINGIFY_(...) #__VA_ARGS__
-#define PA_STRINGIFY(...) PA_STRINGIFY_(__VA_ARGS__)
-#ifdef PAGED_ATTN_CUDA_ARCHS
-constexpr const char* kCompiledArchs = PA_STRINGIFY(PAGED_ATTN_CUDA_ARCHS);
-#else
-constexpr const char* kCompiledArchs = "";
-#endif
 
 // Per device: 0 not checked yet, 1 our kernels run there, 2 they do not (g_device_error says why).
 constexpr int kMaxDevices = 128;  // c10::DeviceIndex is int8_t
@@ -62,7 +52,7 @@ std::string check_device(int device) {
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   std::vector<arch::Target> targets;
-  arch::parse_targets(kCompiledArchs, targets);
+  arch::parse_targets(cuda::compiled_archs(), targets);
   auto device_text = [&] {
     cudaDeviceProp prop{};
     std::string text = "cuda:" + std::to_string(device);
@@ -234,7 +224,5 @@ void flash_cache(const at::Tensor& key, const at::Tensor& value, const at::Tenso
 }  // namespace
 }  // namespace paged_attn
 
-TORCH_LIBRARY_IMPL(paged_attn, CUDA, m) {
-  paged_attn::overloads::register_ops<paged_attn::attention, paged_attn::cache>(m);
-  paged_attn::overloads::register_token_major_ops<paged_attn::decode, paged_attn::flash_cache>(m);
-}
+PAGED_ATTN_REGISTER_KERNELS(CUDA, paged_attn::attention, paged_attn::cache, paged_attn::decode,
+                            paged_attn::flash_cache)

@@ -16,7 +16,10 @@
 //              const at::Tensor& value_cache, const at::Tensor& slot_mapping,
 //              const std::string& kv_cache_dtype, ScaleArg k_scale, ScaleArg v_scale);
 //
-//   TORCH_LIBRARY_IMPL(paged_attn, CPU, m) { overloads::register_ops<attention, cache>(m); }
+//   PAGED_ATTN_REGISTER_KERNELS(CPU, attention, cache, decode, cache_flash)
+//
+// (the TORCH_LIBRARY_IMPL block of that dispatch key; it records each kernel it registers in
+// registered_kernels.h, which paged_attention_ext.build_info() reports).
 //
 // NOTE: outputs are `const at::Tensor&` (the handle is const, the data is written): the
 // dispatcher wants one C++ signature per schema, whichever backend registers it.
@@ -27,6 +30,8 @@
 
 #include <optional>
 #include <string>
+
+#include "registered_kernels.h"
 
 #include "validate.h"
 
@@ -87,15 +92,22 @@ void decode(const at::Tensor& out, const at::Tensor& query, const at::Tensor& ke
          alibi_slopes, kv_cache_dtype, scale_of(k_scale), scale_of(v_scale));
 }
 
+// m.impl(op, fn), recorded under the block's dispatch key (registered_kernels.h).
+template <typename Fn>
+void impl(torch::Library& m, const char* dispatch_key, const char* op, Fn fn) {
+  m.impl(op, fn);
+  record_kernel(dispatch_key, op);
+}
+
 // Registers both overloads of v1, v2 and reshape_and_cache for the library block's dispatch key.
 template <auto Attention, auto Cache>
-void register_ops(torch::Library& m) {
-  m.impl("v1.scale_tensor", &v1<Attention, const at::Tensor&>);
-  m.impl("v1", &v1<Attention, double>);
-  m.impl("v2.scale_tensor", &v2<Attention, const at::Tensor&>);
-  m.impl("v2", &v2<Attention, double>);
-  m.impl("reshape_and_cache.scale_tensor", &reshape_and_cache<Cache, const at::Tensor&>);
-  m.impl("reshape_and_cache", &reshape_and_cache<Cache, double>);
+void register_ops(torch::Library& m, const char* key) {
+  impl(m, key, "v1.scale_tensor", &v1<Attention, const at::Tensor&>);
+  impl(m, key, "v1", &v1<Attention, double>);
+  impl(m, key, "v2.scale_tensor", &v2<Attention, const at::Tensor&>);
+  impl(m, key, "v2", &v2<Attention, double>);
+  impl(m, key, "reshape_and_cache.scale_tensor", &reshape_and_cache<Cache, const at::Tensor&>);
+  impl(m, key, "reshape_and_cache", &reshape_and_cache<Cache, double>);
 }
 
 // Registers both overloads of decode and reshape_and_cache_flash (token-major caches). Decode:
@@ -106,12 +118,21 @@ void register_ops(torch::Library& m) {
 //               const std::string& kv_cache_dtype, ScaleArg k_scale, ScaleArg v_scale);
 // FlashCache: the signature of `cache` above.
 template <auto Decode, auto FlashCache>
-void register_token_major_ops(torch::Library& m) {
-  m.impl("decode.scale_tensor", &decode<Decode, const at::Tensor&>);
-  m.impl("decode", &decode<Decode, double>);
-  m.impl("reshape_and_cache_flash.scale_tensor", &reshape_and_cache<FlashCache, const at::Tensor&>);
-  m.impl("reshape_and_cache_flash", &reshape_and_cache<FlashCache, double>);
+void register_token_major_ops(torch::Library& m, const char* key) {
+  impl(m, key, "decode.scale_tensor", &decode<Decode, const at::Tensor&>);
+  impl(m, key, "decode", &decode<Decode, double>);
+  impl(m, key, "reshape_and_cache_flash.scale_tensor",
+       &reshape_and_cache<FlashCache, const at::Tensor&>);
+  impl(m, key, "reshape_and_cache_flash", &reshape_and_cache<FlashCache, double>);
 }
 
 }  // namespace overloads
 }  // namespace paged_attn
+
+// The TORCH_LIBRARY_IMPL block of dispatch key KEY (CPU, CUDA) registering every op of the library
+// over a backend's entry points; the key is written once, for torch and for the record.
+#define PAGED_ATTN_REGISTER_KERNELS(KEY, Attention, Cache, Decode, FlashCache)             \
+  TORCH_LIBRARY_IMPL(paged_attn, KEY, m) {                                                 \
+    paged_attn::overloads::register_ops<Attention, Cache>(m, #KEY);                        \
+    paged_attn::overloads::register_token_major_ops<Decode, FlashCache>(m, #KEY);          \
+  }

@@ -1,0 +1,149 @@
+"""paged_attention_ext.build_info(): what the extension says it compiled and registered, held
+against independent evidence: the CPU variants the launcher chooses from, the schemas and the
+dispatcher, the images and symbols in the library file, the torch that loaded it."""
+
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import fatbin
+import paged_attention_ext as pa
+from paged_attention_ext import backends, schemas, validation
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def build():
+    if not pa.extension_loaded():
+        pytest.skip(f"extension _C: {pa.extension_status()}")
+    return pa.build_info()
+
+
+def test_keys_and_types(build):
+    assert set(build) == {"torch_version", "cpu_kernel_variants", "registered_kernels", "cuda",
+                          "cuda_archs", "cuda_attention_pairs", "cuda_head_sizes",
+                          "cuda_runtime_version"}
+    assert isinstance(build["cuda"], bool)
+    assert pa.build_info() == build  # a fresh object each call, same content
+
+
+def test_built_against_the_torch_that_loaded_it(build):
+    assert build["torch_version"] == torch.__version__.split("+")[0]
+
+
+def test_cpu_variants_are_the_launchers(build):
+    assert build["cpu_kernel_variants"] == [name for name, _, _ in pa.cpu_kernel_variants()]
+    assert pa.cpu_kernel() in build["cpu_kernel_variants"]
+    assert build["cpu_kernel_variants"][-1] == "scalar"  # the baseline every CPU runs
+
+
+def test_registered_kernels_are_every_schema_and_in_the_dispatcher(build):
+    overloads = sorted(name for name, _ in schemas.SCHEMAS)
+    assert sorted(build["registered_kernels"]) == (["CPU", "CUDA"] if build["cuda"] else ["CPU"])
+    for key, ops in build["registered_kernels"].items():
+        assert sorted(ops) == overloads, key
+        for op in ops:
+            assert torch._C._dispatch_has_kernel_for_dispatch_key(f"paged_attn::{op}", key)
+    if not build["cuda"]:  # nothing of ours (nor anyone's) under CUDA
+        for op in overloads:
+            assert not torch._C._dispatch_has_kernel_for_dispatch_key(f"paged_attn::{op}", "CUDA")
+
+
+def test_cuda_archs_are_the_library_images(build):
+    assert build["cuda_archs"] == fatbin.library_archs(pa._C.__file__)
+
+
+def test_cpu_only_build_reports_no_cuda(build):
+    if build["cuda"]:
+        pytest.skip("a CUDA build")
+    assert build["cuda_archs"] == [] and build["cuda_attention_pairs"] == []
+    assert build["cuda_head_sizes"] == [] and build["cuda_runtime_version"] == 0
+
+
+def _launcher_symbols(path):
+    """The (ScalarKind, CacheKind) of each launch_paged_attention instantiation in the library."""
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("needs nm (binutils)")
+    out = subprocess.run([nm, "-C", "--defined-only", path], capture_output=True, text=True,
+                         check=True).stdout
+    return {(int(s), int(c)) for s, c in re.findall(
+        r"launch_paged_attention<\(paged_attn::ScalarKind\)(\d), \(paged_attn::CacheKind\)(\d)>",
+        out)}
+
+
+def test_cuda_attention_pairs_are_the_instantiated_launchers(build):
+    if not build["cuda"]:
+        pytest.skip("a CPU-only build")
+    scalar = {"float32": 0, "float16": 1, "bfloat16": 2}  # csrc/core/params.h ScalarKind
+    cache = {"auto": 0, "fp8_e4m3": 1, "fp8_e5m2": 2}       # csrc/core/params.h CacheKind
+    pairs = build["cuda_attention_pairs"]
+    for dtype, kv in pairs:
+        assert isinstance(getattr(torch, dtype), torch.dtype)
+        assert validation.KV_CACHE_DTYPES[kv] == kv
+    assert {(scalar[d], cache[k]) for d, k in pairs} == _launcher_symbols(pa._C.__file__)
+    assert build["cuda_head_sizes"] == sorted(set(build["cuda_head_sizes"]))
+    assert build["cuda_runtime_version"] > 0
+
+
+def test_info_prints_the_build(build):
+    lines = dict(backends.describe(backends.detect()))
+    assert lines["_C built with"].startswith(f"torch {build['torch_version']}, ")
+    assert lines["_C CPU kernels"] == ", ".join(build["registered_kernels"]["CPU"])
+    assert ("CUDA attention" in lines) == build["cuda"]
+
+
+def test_none_without_the_extension():
+    proc = subprocess.run(
+        [sys.executable, "-c", "import paged_attention_ext as pa; print(pa.build_info())"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, PAGED_ATTN_DISABLE_EXTENSION="1", PAGED_ATTN_REQUIRE_EXTENSION="0"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "None"
+
+
+def test_check_head_sizes_come_from_the_build(build):
+    from paged_attention_ext import selfcheck
+
+    sizes = selfcheck.head_sizes(build)
+    assert sizes and all(d % 16 == 0 for d in sizes)
+    if build["cuda"]:
+        assert set(sizes) <= set(build["cuda_head_sizes"])
+
+
+# ---- the fatbinary reader the arch tests rely on ----
+
+def _fatbin(entries):
+    """A synthetic CUDA fatbinary: header + (kind, sm) entries with 16-byte payloads."""
+    body = b""
+    for kind, sm in entries:
+        header = struct.pack("<HHIQ", kind, 0x0101, 64, 16) + b"\0" * 12
+        header += struct.pack("<I", sm) + b"\0" * (64 - 32)
+        body += header + b"\xab" * 16
+    return b"junk" + struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body + b"tail"
+
+
+def test_fatbin_archs_reads_entries():
+    blob = _fatbin([(2, 90), (2, 80), (1, 90)])
+    assert fatbin.fatbin_archs(blob) == ["sm_80", "compute_90", "sm_90"]
+    assert fatbin.fatbin_archs(b"no fatbin here") == []
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_fatbin_archs_on_a_real_nvcc_library(tmp_path):
+    src = tmp_path / "k.cu"
+    src.write_text("__global__ void k(float* x) { x[threadIdx.x] += 1.f; }\n")
+    lib = tmp_path / "k.so"
+    subprocess.run(["nvcc", "-shared", "-Xcompiler", "-fPIC", "-gencode",
+                    "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=compute_90",
+                    str(src), "-o", str(lib)], check=True, capture_output=True, timeout=120)
+    assert fatbin.fatbin_archs(lib.read_bytes()) == ["sm_80", "compute_90"]
+
+
