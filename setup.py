@@ -100,6 +100,18 @@ def generated_cuda_sources() -> list:
     return [os.path.relpath(p, ROOT) for p in paths]
 
 
+def generated_schemas_dir() -> str:
+    """build/generated/paged_attn_schemas.inc: the op schemas of paged_attention_ext/schemas.py
+    as C++ literals for csrc/ops.cpp (schemas.py loaded by path: the package may not import)."""
+    path = os.path.join(ROOT, "paged_attention_ext", "schemas.py")
+    spec = importlib.util.spec_from_file_location("_paged_attn_schemas", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out_dir = os.path.join(ROOT, "build", "generated")
+    module.write_cpp_include(os.path.join(out_dir, "paged_attn_schemas.inc"))
+    return out_dir
+
+
 def extension():
     debug = os.environ.get("DEBUG", "0") == "1"
     opt = ["-O0", "-g"] if debug else ["-O3", "-g0"]
@@ -116,7 +128,7 @@ def extension():
     kwargs = dict(
         name="paged_attention_ext._C",
         extra_link_args=link_flags,
-        include_dirs=[os.path.join(ROOT, "csrc")],
+        include_dirs=[os.path.join(ROOT, "csrc"), generated_schemas_dir()],
         py_limited_api=True,
     )
     if want_cuda():

@@ -1,7 +1,7 @@
 """Python-side registration of the paged_attn ops.
 
 - When the compiled extension `_C` is missing, define the schemas here (paged_attention_ext/
-  schemas.py, the same strings csrc/ops.cpp defines), so user code never changes.
+  schemas.py, the list csrc/ops.cpp is built from), so user code never changes.
 - Always register:
   * fake (meta) kernels for torch.compile / opcheck: shape checks only, no data reads;
   * the pure-PyTorch implementation for CompositeExplicitAutograd, so any device with no compiled

@@ -1,7 +1,9 @@
-"""The op schemas: the single list the Python side registers from.
+"""The op schemas: THE list, for both languages.
 
-csrc/ops.cpp defines the same strings with TORCH_LIBRARY when the extension is built;
-tests/test_registry.py checks the two agree. Each op has a `.scale_tensor` overload (k_scale /
+The Python side registers from it when the extension is absent; the build writes the same strings
+into build/generated/paged_attn_schemas.inc (`write_cpp_include`, called by setup.py and CMake),
+which csrc/ops.cpp defines with TORCH_LIBRARY. tests/test_registry.py checks a loaded extension
+holds them (a stale build would not). Each op has a `.scale_tensor` overload (k_scale /
 v_scale as 1-element float32 tensors, read on the device: no host sync) and a default overload
 (Python floats). ORDER MATTERS: torch.ops overload resolution takes the first schema that
 matches, and a 0-dim tensor given to a `float` argument silently converts through __float__
@@ -57,3 +59,34 @@ OP_NAMES = tuple(dict.fromkeys(name.partition(".")[0] for name, _ in SCHEMAS))
 def full_schemas():
     """'name.overload(args) -> ()' strings as TORCH_LIBRARY m.def takes them."""
     return [name + sig for name, sig in SCHEMAS]
+
+
+def cpp_include() -> str:
+    """The schemas as C++ string literals, one per line, for csrc/ops.cpp's array."""
+    lines = ["// Generated from paged_attention_ext/schemas.py by the build: do not edit."]
+    for schema in full_schemas():
+        escaped = schema.replace("\\", "\\\\").replace('"', '\\"')
+        lines.append(f'"{escaped}",')
+    return "\n".join(lines) + "\n"
+
+
+def write_cpp_include(path: str) -> None:
+    """Writes cpp_include() to `path`, only when its content changes (no needless rebuild)."""
+    import os
+
+    text = cpp_include()
+    try:
+        with open(path) as f:
+            if f.read() == text:
+                return
+    except OSError:
+        pass
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+if __name__ == "__main__":  # python paged_attention_ext/schemas.py OUT.inc (CMake)
+    import sys
+
+    write_cpp_include(sys.argv[1])
