@@ -373,6 +373,99 @@ def test_long_context_100k(ops):
     _check_v1(ops, inputs)
 
 
+def test_results_are_deterministic(ops):
+    """The same call twice gives the same bits (fixed-order merges, no atomics): v2, v1, decode."""
+    inputs = make_attention_inputs(4, 32, 8, 128, 16, [1537, 700, 1, 2049], dtype=torch.bfloat16,
+                                   device=DEV, seed=21)
+    first = call_v2(ops.v2, inputs, alloc_v2_outputs(inputs))
+    second = call_v2(ops.v2, inputs, alloc_v2_outputs(inputs))
+    torch.cuda.synchronize()
+    assert torch.equal(first.out.view(torch.int16), second.out.view(torch.int16))
+    v1_a = call_v1(ops.v1, inputs, alloc_v1_outputs(inputs))
+    v1_b = call_v1(ops.v1, inputs, alloc_v1_outputs(inputs))
+    torch.cuda.synchronize()
+    assert torch.equal(v1_a.view(torch.int16), v1_b.view(torch.int16))
+    dec = testing.make_decode_inputs(4, 32, 8, 128, 16, [1537, 700, 1, 2049], layout="hnd",
+                                     dtype=torch.bfloat16, device=DEV, seed=22)
+    outs = [testing.call_decode(ops.decode, dec, alloc_v1_outputs(dec)) for _ in range(2)]
+    torch.cuda.synchronize()
+    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
+
+
+def test_graph_replay_reads_new_fp8_tensor_scales(ops):
+    """v2.scale_tensor captured once; k_scale / v_scale changed in place between replays: the
+    kernels read the scales on the device, so each replay uses the current values."""
+    lens = [700, 1537]
+    inputs = make_attention_inputs(2, 8, 2, 128, 16, lens, dtype=torch.float16,
+                                   kv_cache_dtype="fp8_e4m3", scale_as_tensor=True, device=DEV,
+                                   seed=23)
+    outputs = alloc_v2_outputs(inputs)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call_v2(ops.v2, inputs, outputs)  # warm-up outside the graph
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call_v2(ops.v2, inputs, outputs)
+    for k_factor, v_factor in ((1.0, 1.0), (2.0, 0.5), (0.25, 3.0)):
+        if (k_factor, v_factor) != (1.0, 1.0):
+            inputs.k_scale.mul_(k_factor)
+            inputs.v_scale.mul_(v_factor)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_v2_matches(outputs, _reference_v2(inputs), lens, inputs.dtype,
+                          inputs.kv_cache_dtype)
+
+
+def test_decode_graph_replay_with_new_lengths(ops):
+    """decode captured once (grid from block_tables' shape), lengths changed in place."""
+    dec = testing.make_decode_inputs(3, 8, 2, 64, 16, [900, 3, 1500], layout="nhd",
+                                     dtype=torch.bfloat16, device=DEV, seed=24)
+    out = alloc_v1_outputs(dec)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        testing.call_decode(ops.decode, dec, out)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        testing.call_decode(ops.decode, dec, out)
+    for lens in ([900, 3, 1500], [17, 0, 1499]):  # within each row's blocks
+        dec.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        dec.seq_lens_list = lens
+        graph.replay()
+        torch.cuda.synchronize()
+        want = testing.call_decode(reference.decode, dec, alloc_v1_outputs(dec))
+        assert_out_matches(out, want, dec.dtype, dec.kv_cache_dtype, name="decode after replay")
+
+
+def test_cache_over_2_31_elements(ops):
+    """Blocks past element 2^31 of a cache (int64 block offsets): the used blocks of a small
+    input are placed at the end of an fp8 pool of more than 2^31 elements per cache."""
+    inputs = make_attention_inputs(2, 8, 1, 128, 16, [700, 1300], dtype=torch.bfloat16,
+                                   kv_cache_dtype="fp8", device=DEV, seed=25)
+    per_block = inputs.key_cache[0].numel()  # elements of one block (1 KV head)
+    pool = (1 << 31) // per_block + inputs.num_blocks + 1
+    shift = pool - inputs.num_blocks  # every used block id moves past element 2^31
+    assert shift * per_block >= 1 << 31
+    big_k = torch.empty((pool, *inputs.key_cache.shape[1:]), dtype=torch.uint8, device=DEV)
+    big_v = torch.empty((pool, *inputs.value_cache.shape[1:]), dtype=torch.uint8, device=DEV)
+    big_k[shift:] = inputs.key_cache
+    big_v[shift:] = inputs.value_cache
+    used = (torch.arange(inputs.block_tables.shape[1], device=DEV)[None, :]
+            < ((inputs.seq_lens + inputs.block_size - 1) // inputs.block_size)[:, None])
+    tables = torch.where(used, inputs.block_tables + shift, inputs.block_tables)
+    big = dataclasses.replace(inputs, key_cache=big_k, value_cache=big_v,
+                              block_tables=tables.to(torch.int32).contiguous(), num_blocks=pool)
+    small_out = _check_v2(ops, inputs).out
+    big_out = _check_v2(ops, big).out
+    assert torch.equal(small_out.view(torch.int16), big_out.view(torch.int16))
+    _check_v1(ops, big)
+    del big_k, big_v, big
+    torch.cuda.empty_cache()
+
+
 # ---- decode / reshape_and_cache_flash: token-major caches (core/kv_layout.h) ----
 
 # (dtype, kv_cache_dtype, num_heads, num_kv_heads, head_size, block_size, seq_lens, alibi)
