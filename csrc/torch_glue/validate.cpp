@@ -421,13 +421,13 @@ void check_attention_data(const char* op, const PagedAttentionParams& p, bool is
   }
 }
 
-ReshapeAndCacheParams make_cache_params(const char* op, const at::Tensor& key,
-                                        const at::Tensor& value, const at::Tensor& key_cache,
-                                        const at::Tensor& value_cache,
-                                        const at::Tensor& slot_mapping,
-                                        const std::string& kv_cache_dtype, ScaleArg k_scale,
-                                        ScaleArg v_scale) {
-  const CacheKind cache_kind = parse_kv_cache_dtype(op, kv_cache_dtype);
+namespace {
+
+// Both cache writes: key / value [num_tokens, num_kv_heads, head_size] (one shape and dtype, last
+// dim contiguous) on the device of every other tensor.
+void check_new_tokens(const char* op, const at::Tensor& key, const at::Tensor& value,
+                      const at::Tensor& key_cache, const at::Tensor& value_cache,
+                      const at::Tensor& slot_mapping) {
   PA_CHECK(key.dim() == 3, "key shape ", shape_str(key),
            " must be [num_tokens, num_kv_heads, head_size]");
   PA_CHECK(is_attention_dtype(key.scalar_type()), "key dtype ", key.scalar_type(),
@@ -444,19 +444,14 @@ ReshapeAndCacheParams make_cache_params(const char* op, const at::Tensor& key,
                          {&slot_mapping, "slot_mapping"}}) {
     check_same_device(op, key, "key", *t, name);
   }
-  const CacheShape cache =
-      check_caches(op, key_cache, value_cache, cache_kind, key.scalar_type(), "key");
-  const int64_t num_tokens = key.size(0), head_size = key.size(2);
-  PA_CHECK(key.size(1) == cache.num_kv_heads, "key shape ", shape_str(key),
-           " does not match key_cache (num_kv_heads = ", cache.num_kv_heads, ")");
-  check_head_size(op, head_size, key_cache, cache);
-  PA_CHECK(slot_mapping.scalar_type() == at::kLong, "slot_mapping must be int64, got ",
-           slot_mapping.scalar_type());
-  PA_CHECK(slot_mapping.dim() == 1 && slot_mapping.size(0) == num_tokens &&
-               slot_mapping.is_contiguous(),
-           "slot_mapping shape ", shape_str(slot_mapping), " must be [num_tokens = ", num_tokens,
-           "] and contiguous");
+}
 
+// Both cache writes: the pointers, scales and token strides (the caller adds the layouts / sizes).
+ReshapeAndCacheParams new_token_params(const char* op, const at::Tensor& key,
+                                       const at::Tensor& value, const at::Tensor& key_cache,
+                                       const at::Tensor& value_cache,
+                                       const at::Tensor& slot_mapping, ScaleArg k_scale,
+                                       ScaleArg v_scale) {
   ReshapeAndCacheParams p{};
   p.key = key.data_ptr();
   p.value = value.data_ptr();
@@ -471,6 +466,34 @@ ReshapeAndCacheParams make_cache_params(const char* op, const at::Tensor& key,
   p.key_head_stride = key.stride(1);
   p.value_token_stride = value.stride(0);
   p.value_head_stride = value.stride(1);
+  return p;
+}
+
+}  // namespace
+
+ReshapeAndCacheParams make_cache_params(const char* op, const at::Tensor& key,
+                                        const at::Tensor& value, const at::Tensor& key_cache,
+                                        const at::Tensor& value_cache,
+                                        const at::Tensor& slot_mapping,
+                                        const std::string& kv_cache_dtype, ScaleArg k_scale,
+                                        ScaleArg v_scale) {
+  const CacheKind cache_kind = parse_kv_cache_dtype(op, kv_cache_dtype);
+  check_new_tokens(op, key, value, key_cache, value_cache, slot_mapping);
+  const CacheShape cache =
+      check_caches(op, key_cache, value_cache, cache_kind, key.scalar_type(), "key");
+  const int64_t num_tokens = key.size(0), head_size = key.size(2);
+  PA_CHECK(key.size(1) == cache.num_kv_heads, "key shape ", shape_str(key),
+           " does not match key_cache (num_kv_heads = ", cache.num_kv_heads, ")");
+  check_head_size(op, head_size, key_cache, cache);
+  PA_CHECK(slot_mapping.scalar_type() == at::kLong, "slot_mapping must be int64, got ",
+           slot_mapping.scalar_type());
+  PA_CHECK(slot_mapping.dim() == 1 && slot_mapping.size(0) == num_tokens &&
+               slot_mapping.is_contiguous(),
+           "slot_mapping shape ", shape_str(slot_mapping), " must be [num_tokens = ", num_tokens,
+           "] and contiguous");
+
+  ReshapeAndCacheParams p =
+      new_token_params(op, key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale);
   p.k_layout = vllm_key_layout(key_cache.stride(0), key_cache.stride(1), cache.block_size,
                                cache.x);
   p.v_layout = vllm_value_layout(value_cache.stride(0), value_cache.stride(1), cache.block_size);
@@ -493,22 +516,7 @@ ReshapeAndCacheParams make_flash_cache_params(const char* op, const at::Tensor& 
                                               const std::string& kv_cache_dtype,
                                               ScaleArg k_scale, ScaleArg v_scale) {
   const CacheKind cache_kind = parse_kv_cache_dtype(op, kv_cache_dtype);
-  PA_CHECK(key.dim() == 3, "key shape ", shape_str(key),
-           " must be [num_tokens, num_kv_heads, head_size]");
-  PA_CHECK(is_attention_dtype(key.scalar_type()), "key dtype ", key.scalar_type(),
-           " must be float32, float16 or bfloat16");
-  PA_CHECK(value.sizes() == key.sizes(), "value shape ", shape_str(value),
-           " must equal key shape ", shape_str(key));
-  PA_CHECK(value.scalar_type() == key.scalar_type(), "value dtype ", value.scalar_type(),
-           " must match key dtype ", key.scalar_type());
-  PA_CHECK(key.stride(2) == 1 && value.stride(2) == 1,
-           "key and value must have a contiguous last dim (got strides ", key.strides(), " and ",
-           value.strides(), ")");
-  for (auto [t, name] : {std::pair<const at::Tensor*, const char*>{&value, "value"},
-                         {&key_cache, "key_cache"}, {&value_cache, "value_cache"},
-                         {&slot_mapping, "slot_mapping"}}) {
-    check_same_device(op, key, "key", *t, name);
-  }
+  check_new_tokens(op, key, value, key_cache, value_cache, slot_mapping);
   check_token_major_caches(op, key_cache, value_cache, cache_kind, key.scalar_type(), "key");
   PA_CHECK(key.size(1) == key_cache.size(2), "key shape ", shape_str(key),
            " does not match key_cache (num_kv_heads = key_cache.size(2) = ", key_cache.size(2),
@@ -524,20 +532,8 @@ ReshapeAndCacheParams make_flash_cache_params(const char* op, const at::Tensor& 
            " must be [num_tokens] with num_tokens <= key.size(0) = ", key.size(0),
            ", and contiguous");
 
-  ReshapeAndCacheParams p{};
-  p.key = key.data_ptr();
-  p.value = value.data_ptr();
-  p.key_cache = key_cache.data_ptr();
-  p.value_cache = value_cache.data_ptr();
-  p.slot_mapping = slot_mapping.data_ptr<int64_t>();
-  p.k_scale_ptr = scale_pointer(op, k_scale, "k_scale", key);
-  p.v_scale_ptr = scale_pointer(op, v_scale, "v_scale", key);
-  p.k_scale = static_cast<float>(k_scale.value);
-  p.v_scale = static_cast<float>(v_scale.value);
-  p.key_token_stride = key.stride(0);
-  p.key_head_stride = key.stride(1);
-  p.value_token_stride = value.stride(0);
-  p.value_head_stride = value.stride(1);
+  ReshapeAndCacheParams p =
+      new_token_params(op, key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale);
   p.k_layout = token_major_of(key_cache);
   p.v_layout = token_major_of(value_cache);
   p.num_tokens = slot_mapping.size(0);
