@@ -106,17 +106,21 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
                                            kv_cache_dtype, k_scale, v_scale)
 
 
+def _storage_dtype(fn: str, dtype: torch.dtype, kv_cache_dtype: str) -> torch.dtype:
+    """What a cache stores: the model dtype ("auto") or uint8 bytes of an fp8 format."""
+    if kv_cache_dtype == "auto":
+        return dtype
+    if kv_cache_dtype in _CACHE_STORAGE_DTYPE:
+        return _CACHE_STORAGE_DTYPE[kv_cache_dtype]
+    raise ValueError(f"{fn}: unknown kv_cache_dtype {kv_cache_dtype!r}")
+
+
 def allocate_kv_cache(num_blocks: int, num_kv_heads: int, head_size: int, block_size: int,
                       dtype: torch.dtype = torch.float16, device: Union[str, torch.device] = "cpu",
                       kv_cache_dtype: str = "auto") -> Tuple[torch.Tensor, torch.Tensor]:
     """Zeroed (key_cache, value_cache) in the paged layout. `dtype` is the model dtype; fp8
     caches ("fp8", "fp8_e4m3", "fp8_e5m2") are stored as uint8."""
-    if kv_cache_dtype == "auto":
-        storage = dtype
-    elif kv_cache_dtype in _CACHE_STORAGE_DTYPE:
-        storage = _CACHE_STORAGE_DTYPE[kv_cache_dtype]
-    else:
-        raise ValueError(f"allocate_kv_cache: unknown kv_cache_dtype {kv_cache_dtype!r}")
+    storage = _storage_dtype("allocate_kv_cache", dtype, kv_cache_dtype)
     x = 16 // torch.empty((), dtype=storage).element_size()
     if head_size % x:
         raise ValueError(f"allocate_kv_cache: head_size ({head_size}) must be divisible by x ({x})")
@@ -196,12 +200,7 @@ def allocate_paged_kv_cache(num_blocks: int, block_size: int, num_kv_heads: int,
     if kv_layout not in KV_LAYOUTS:
         raise ValueError(f"allocate_paged_kv_cache: kv_layout must be 'nhd' or 'hnd', "
                          f"got {kv_layout!r}")
-    if kv_cache_dtype == "auto":
-        storage = dtype
-    elif kv_cache_dtype in _CACHE_STORAGE_DTYPE:
-        storage = _CACHE_STORAGE_DTYPE[kv_cache_dtype]
-    else:
-        raise ValueError(f"allocate_paged_kv_cache: unknown kv_cache_dtype {kv_cache_dtype!r}")
+    storage = _storage_dtype("allocate_paged_kv_cache", dtype, kv_cache_dtype)
     shape = ((num_blocks, block_size, num_kv_heads, head_size) if kv_layout == "nhd"
              else (num_blocks, num_kv_heads, block_size, head_size))
     return (torch.zeros(shape, dtype=storage, device=device),
