@@ -10,7 +10,7 @@ Environment:
     PAGED_ATTN_BUILD_CUDA  auto (default: CUDA torch + nvcc found) | 1 (require) | 0 (CPU only)
     TORCH_CUDA_ARCH_LIST   always wins when set. Unset: the archs of the GPUs visible now (+PTX of
                            the newest), or with no GPU visible "7.5;8.0;9.0;10.0;12.0+PTX" (T4 to
-                           Blackwell; paged_attention_ext/cuda_arch.py, docs/BUILD.md)
+                           Blackwell; paged_attention_ext/tools/cuda_arch.py, docs/BUILD.md)
     CUDA_HOME              default /usr/local/cuda when that folder exists
     DEBUG=1                -O0 -g;  MAX_JOBS  parallel compile jobs (ninja)
     PAGED_ATTN_SANITIZE=1  AddressSanitizer + UndefinedBehaviorSanitizer on the C++ code (CPU-only
@@ -57,9 +57,9 @@ def want_cuda() -> bool:
 
 
 def _cuda_arch_module():
-    """paged_attention_ext/cuda_arch.py, loaded by path (importing the package would load a
+    """paged_attention_ext/tools/cuda_arch.py, loaded by path (importing the package would load a
     possibly stale _C)."""
-    path = os.path.join(ROOT, "paged_attention_ext", "cuda_arch.py")
+    path = os.path.join(ROOT, "paged_attention_ext", "tools", "cuda_arch.py")
     spec = importlib.util.spec_from_file_location("_paged_attn_cuda_arch", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there

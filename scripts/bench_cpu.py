@@ -34,7 +34,8 @@ import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import paged_attention_ext  # noqa: E402,F401
-from paged_attention_ext import reference, testing  # noqa: E402
+from paged_attention_ext import reference  # noqa: E402
+from paged_attention_ext.tools import testing  # noqa: E402
 
 # name -> (num_seqs, num_heads, num_kv_heads, head_size, block_size, ctx)
 SHAPES = {

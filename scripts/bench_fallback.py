@@ -78,7 +78,8 @@ def _gather_sdpa(inp):
 def child(shape_name, contender):
     import torch
 
-    from paged_attention_ext import fallback, reference, testing
+    from paged_attention_ext import fallback, reference
+    from paged_attention_ext.tools import testing
 
     batch, heads, kv_heads, head, block, ctx, dtype = SHAPES[shape_name]
     inp = testing.make_attention_inputs(batch, heads, kv_heads, head, block, [ctx] * batch,

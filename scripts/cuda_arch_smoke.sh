@@ -6,7 +6,7 @@
 #
 # Usage: scripts/cuda_arch_smoke.sh [output file]      (default build/cuda_arch_smoke.txt)
 # Env:   SMOKE_ARCHS  default "7.5;10.0;12.0": the archs of the default build list
-#                     (paged_attention_ext/cuda_arch.py) that CI's main build (8.0;9.0) leaves out
+#                     (paged_attention_ext/tools/cuda_arch.py) that CI's main build (8.0;9.0) leaves out
 #        SMOKE_FILES  default "attention_bfloat16_auto.cu reshape_and_cache.cu" (names in
 #                     csrc/cuda or among the files generated from dispatch.cuh's pair list):
 #                     attention_bfloat16_auto.cu holds the attention kernels AND the v2 reduce kernel

@@ -4,7 +4,7 @@
 #
 # Usage: scripts/cuda_resource_report.sh [output file]   (default docs/cuda_resource_report.txt)
 # Env:   TORCH_CUDA_ARCH_LIST (default: the build's default list, DEFAULT_ARCH_LIST in
-#        paged_attention_ext/cuda_arch.py), NVCC (default nvcc on PATH or /usr/local/bin),
+#        paged_attention_ext/tools/cuda_arch.py), NVCC (default nvcc on PATH or /usr/local/bin),
 #        JOBS (parallel nvcc processes, default 2), ONLY (space-separated globs of .cu names,
 #        default all),
 #        FROM_LOG (parse this build log instead of compiling, e.g. the output of
@@ -18,7 +18,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${1:-$ROOT/docs/cuda_resource_report.txt}"
 NVCC="${NVCC:-$(command -v nvcc || echo /usr/local/bin/nvcc)}"
-DEFAULT_ARCHS="$(sed -n 's/^DEFAULT_ARCH_LIST = "\(.*\)"$/\1/p' "$ROOT/paged_attention_ext/cuda_arch.py")"
+DEFAULT_ARCHS="$(sed -n 's/^DEFAULT_ARCH_LIST = "\(.*\)"$/\1/p' "$ROOT/paged_attention_ext/tools/cuda_arch.py")"
 ARCHS="${TORCH_CUDA_ARCH_LIST:-$DEFAULT_ARCHS}"
 JOBS="${JOBS:-2}"
 WORK="$(mktemp -d)"

@@ -132,7 +132,7 @@ run_step tests_cuda 150 "$PY" -m pytest tests/test_cuda_kernels.py tests/test_wa
 # ---- 4. every backend on this machine against the oracle ----
 run_step check 40 "$PY" -m paged_attention_ext check
 
-# ---- 5. the benchmark (paged_attention_ext/bench: one harness for CPU and CUDA) ----
+# ---- 5. the benchmark (paged_attention_ext/tools/bench: one harness for CPU and CUDA) ----
 # bench_step NAME KV_LAYOUT CONTENDERS KV_CACHE_DTYPE PRESET...
 bench_step() {
   local name="$1" layout="$2" contenders="$3" cache="$4"

@@ -17,7 +17,7 @@ import time
 import torch
 import transformers
 
-from paged_attention_ext import backends
+from paged_attention_ext.tools import backends
 from paged_attention_ext.integrations.transformers import CONTINUOUS_BATCHING
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -18,7 +18,7 @@ import torch
 import transformers
 
 import paged_attention_ext
-from paged_attention_ext import backends
+from paged_attention_ext.tools import backends
 from paged_attention_ext.integrations import transformers as paged_tf
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -67,7 +67,7 @@ STAMP_FILE="build/.paged_attn_build_stamp"
 # The visible GPUs' archs too: with TORCH_CUDA_ARCH_LIST unset the build targets them.
 GPU_ARCHS="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | sort -u | tr '\n' ' ' || true)"
 STAMP="$( (echo "$TORCH_VERSION ${PAGED_ATTN_BUILD_CUDA:-auto} ${TORCH_CUDA_ARCH_LIST:-} $GPU_ARCHS";
-           find csrc setup.py pyproject.toml paged_attention_ext/cuda_arch.py paged_attention_ext/schemas.py -type f | sort | xargs sha256sum) | sha256sum | cut -d' ' -f1)"
+           find csrc setup.py pyproject.toml paged_attention_ext/tools/cuda_arch.py paged_attention_ext/schemas.py -type f | sort | xargs sha256sum) | sha256sum | cut -d' ' -f1)"
 if [[ ! -f "$STAMP_FILE" || "$(cat "$STAMP_FILE")" != "$STAMP" ]] || ! ls paged_attention_ext/_C*.so >/dev/null 2>&1; then
   export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
   # build_ext --inplace is incremental (pinned build folder) and puts _C next to the package; its

@@ -28,7 +28,7 @@ run bash scripts/setup_env.sh >/dev/null
 # What this run claims: a CPU build of torch and a CPU-only _C, loaded.
 .venv/bin/python -c "
 import torch, paged_attention_ext as pa
-from paged_attention_ext import backends
+from paged_attention_ext.tools import backends
 assert torch.version.cuda is None, f'torch {torch.__version__} is a CUDA build'
 assert pa.extension_loaded(), pa.extension_status()
 assert backends.compiled_kernel('v2', 'CPU') and not backends.compiled_kernel('v2', 'CUDA')

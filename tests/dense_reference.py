@@ -116,7 +116,7 @@ def dense_attention(query, key_cache, value_cache, num_kv_heads, scale, block_ta
 
 
 def dense_for(inputs, num_partitions=None, mask=None):
-    """dense_attention on a paged_attention_ext.testing.AttentionInputs."""
+    """dense_attention on a paged_attention_ext.tools.testing.AttentionInputs."""
     i = inputs
     return dense_attention(i.query, i.key_cache, i.value_cache, i.num_kv_heads, i.scale,
                            i.block_tables, i.seq_lens, i.block_size, i.alibi_slopes,
@@ -124,7 +124,7 @@ def dense_for(inputs, num_partitions=None, mask=None):
 
 
 def dense_for_decode(inputs):
-    """dense_attention on a paged_attention_ext.testing.DecodeInputs (its NHD cache views)."""
+    """dense_attention on a paged_attention_ext.tools.testing.DecodeInputs (its NHD cache views)."""
     i = inputs
     return dense_attention(i.query, i.key_cache, i.value_cache, i.num_kv_heads, i.scale,
                            i.block_tables, i.seq_lens, i.block_size, i.alibi_slopes,

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from conftest import registered_ops
-from paged_attention_ext import backends, reference, testing
+from paged_attention_ext import reference
+from paged_attention_ext.tools import backends, testing
 
 BACKENDS = ["reference", "ops"]
 REF_FNS = {"v1": reference.paged_attention_v1, "v2": reference.paged_attention_v2,

@@ -8,7 +8,8 @@ CUDA kernel's in tests/test_cuda_kernels.py), never a dense result.
 import pytest
 import torch
 
-from paged_attention_ext import api, fallback, reference, testing, vllm_compat
+from paged_attention_ext import api, fallback, reference, vllm_compat
+from paged_attention_ext.tools import testing
 from paged_attention_ext.validation import Blocksparse
 from test_fallback import chunking  # noqa: F401  (the fallback's chunkings, a fixture)
 from test_blocksparse_reference import CASES, _inputs, _mask, _poison_skipped

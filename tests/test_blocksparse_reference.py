@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from dense_reference import dense_for
-from paged_attention_ext import reference, testing
-from paged_attention_ext.testing import V2Outputs
+from paged_attention_ext import reference
+from paged_attention_ext.tools import testing
+from paged_attention_ext.tools.testing import V2Outputs
 from paged_attention_ext.validation import Blocksparse
 
 # Lengths: 1 token, odd short ones, past a partition edge, 3 partitions, none a multiple of

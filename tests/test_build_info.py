@@ -14,7 +14,8 @@ import torch
 
 import fatbin
 import paged_attention_ext as pa
-from paged_attention_ext import backends, schemas, validation
+from paged_attention_ext import schemas, validation
+from paged_attention_ext.tools import backends
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -110,7 +111,7 @@ def test_none_without_the_extension():
 
 
 def test_check_head_sizes_come_from_the_build(build):
-    from paged_attention_ext import selfcheck
+    from paged_attention_ext.tools import selfcheck
 
     sizes = selfcheck.head_sizes(build)
     assert sizes and all(d % 16 == 0 for d in sizes)

@@ -16,10 +16,11 @@ import pytest
 import torch
 
 import paged_attention_ext
-from paged_attention_ext import backends, cli, reference, schemas, selfcheck
-from paged_attention_ext.backends import Backend
-from paged_attention_ext.bench import contenders, presets, runner, timing
-from paged_attention_ext.bench.workload import make_workload
+from paged_attention_ext import reference, schemas
+from paged_attention_ext.tools import backends, cli, selfcheck
+from paged_attention_ext.tools.backends import Backend
+from paged_attention_ext.tools.bench import contenders, presets, runner, timing
+from paged_attention_ext.tools.bench.workload import make_workload
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

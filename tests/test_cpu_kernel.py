@@ -3,7 +3,7 @@
 Every case runs on every CPU kernel variant of this build (avx512-bf16, avx512, avx2-fma, scalar
 on x86-64; neon, scalar on aarch64) that this CPU executes, each forced with
 PAGED_ATTN_CPU_KERNEL and checked to be the one that runs; a variant the CPU cannot execute is
-skipped with the reason (the NEON variant is also run under qemu by tests/test_cpu_kernel_cross.py). Inputs come from paged_attention_ext.testing: N(0,1) q/k/v
+skipped with the reason (the NEON variant is also run under qemu by tests/test_cpu_kernel_cross.py). Inputs come from paged_attention_ext.tools.testing: N(0,1) q/k/v
 with a sharp softmax, shuffled block tables with garbage past each row, NaN in every cache slot
 no sequence uses, outputs pre-filled with NaN. v2 is compared on all four outputs (scratch only
 in the partitions a row has), v1 on `out`; reshape_and_cache bit for bit.
@@ -18,7 +18,8 @@ import pytest
 import torch
 
 import paged_attention_ext
-from paged_attention_ext import reference, testing
+from paged_attention_ext import reference
+from paged_attention_ext.tools import testing
 from test_blocksparse_reference import CASES as BLOCKSPARSE_CASES
 from test_blocksparse_reference import _inputs as blocksparse_inputs
 from test_blocksparse_reference import _mask as blocksparse_mask

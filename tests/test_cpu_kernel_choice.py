@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import paged_attention_ext as pa
-from paged_attention_ext import testing
+from paged_attention_ext.tools import testing
 
 pytestmark = pytest.mark.skipif(not pa.extension_loaded(),
                                 reason=f"compiled extension: {pa.extension_status()}")

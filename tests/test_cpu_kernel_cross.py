@@ -3,7 +3,7 @@ emulator they target: the host build runs every x86 variant this CPU executes (a
 avx512, avx2-fma, scalar), the aarch64 build runs neon and scalar under qemu-aarch64.
 scripts/cross_test.sh builds and runs the driver; this file writes its cases and checks results.
 
-Cases come from paged_attention_ext.testing (shuffled block tables with garbage past each row,
+Cases come from paged_attention_ext.tools.testing (shuffled block tables with garbage past each row,
 NaN in every cache slot no sequence uses, fp8 k/v scales != 1); the expected `out` from the oracle
 reference.paged_attention_v2 (vLLM's cache layout) or reference.decode (token-major caches:
 testing.DECODE_LAYOUTS), with testing.tolerances. One little-endian file per case:
@@ -29,7 +29,8 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a script from anywhere
-from paged_attention_ext import reference, testing  # noqa: E402
+from paged_attention_ext import reference  # noqa: E402
+from paged_attention_ext.tools import testing  # noqa: E402
 from paged_attention_ext.validation import parse_kv_cache_dtype  # noqa: E402
 
 MAGIC = b"PACASE2\0"

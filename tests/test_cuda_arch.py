@@ -1,6 +1,6 @@
 """Which GPUs a CUDA build runs on: the decision logic, on the CPU (no GPU is needed or used).
 
-paged_attention_ext/cuda_arch.py (setup.py's arch list, `info`) and csrc/core/cuda_arch.h (the
+paged_attention_ext/tools/cuda_arch.py (setup.py's arch list, `info`) and csrc/core/cuda_arch.h (the
 check the CUDA ops run before their first launch on a device) are fed the same table of fake
 compiled-image lists and compute capabilities, and must both give the expected answer and the
 same error text. The default arch list is checked through torch's own translation into nvcc
@@ -17,10 +17,10 @@ import textwrap
 import pytest
 
 import fatbin
-from paged_attention_ext import backends, cuda_arch
-from paged_attention_ext.cuda_arch import (DEFAULT_ARCH_LIST, Target, match, mismatch_message,
-                                           parse_target, parse_targets, resolve_arch_list,
-                                           targets_from_gencode)
+from paged_attention_ext.tools import backends, cuda_arch
+from paged_attention_ext.tools.cuda_arch import (DEFAULT_ARCH_LIST, Target, match,
+                                                 mismatch_message, parse_target, parse_targets,
+                                                 resolve_arch_list, targets_from_gencode)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_TARGETS = "sm_75,sm_80,sm_90,sm_100,sm_120,compute_120"
@@ -153,7 +153,7 @@ def test_mismatch_message_names_everything():
 
 def test_cmake_helper_prints_the_resolved_list():
     env = dict(os.environ, TORCH_CUDA_ARCH_LIST="7.5;12.0+PTX")
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "paged_attention_ext",
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "paged_attention_ext", "tools",
                                                         "cuda_arch.py"), "resolve"],
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

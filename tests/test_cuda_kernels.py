@@ -6,7 +6,7 @@ the PyTorch fallback that serves CUDA tensors when no kernel is compiled); where
 fails for a build without CUDA too. The other tests run kernels: only where torch sees a CUDA device
 (skipped otherwise, with the reason).
 
-Inputs come from paged_attention_ext.testing: N(0,1) q/k/v (sharp softmax), shuffled block tables
+Inputs come from paged_attention_ext.tools.testing: N(0,1) q/k/v (sharp softmax), shuffled block tables
 with garbage past each row, NaN-poisoned unused cache slots, fp8 caches with scales != 1, outputs
 pre-filled with NaN. All four v2 outputs are compared (scratch only where the contract defines it).
 Blocksparse cases poison every skipped (cache block, KV head) with NaN. decode runs on the
@@ -23,10 +23,12 @@ import torch
 import fatbin
 import paged_attention_ext
 from conftest import registered_ops
-from paged_attention_ext import backends, reference, schemas, testing
-from paged_attention_ext.testing import (alloc_v1_outputs, alloc_v2_outputs, assert_out_matches,
-                                         assert_v2_matches, call_v1, call_v2,
-                                         make_attention_inputs, with_strided_caches)
+from paged_attention_ext import reference, schemas
+from paged_attention_ext.tools import backends, testing
+from paged_attention_ext.tools.testing import (alloc_v1_outputs, alloc_v2_outputs,
+                                               assert_out_matches, assert_v2_matches, call_v1,
+                                               call_v2, make_attention_inputs,
+                                               with_strided_caches)
 from paged_attention_ext.validation import Blocksparse
 from test_blocksparse_reference import CASES as BLOCKSPARSE_CASES
 from test_blocksparse_reference import _inputs as blocksparse_inputs

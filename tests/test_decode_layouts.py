@@ -2,7 +2,7 @@
 float64 dense attention, the fallback and torch.ops.paged_attn.decode against the oracle, and
 decode against v1 on the same K/V.
 
-Inputs (paged_attention_ext.testing.make_decode_inputs): sharp softmax, shuffled block tables with
+Inputs (paged_attention_ext.tools.testing.make_decode_inputs): sharp softmax, shuffled block tables with
 garbage past each row's used blocks, NaN in every unused cache slot and block (and in the storage
 around strided views), outputs pre-filled with NaN, lengths 0 / 1 / around the 512-token
 partitions / over 1536, every cache layout of testing.DECODE_LAYOUTS (NHD, HND as a transposed
@@ -16,7 +16,8 @@ import torch
 
 from conftest import registered_ops
 from dense_reference import dense_for_decode
-from paged_attention_ext import fallback, reference, testing
+from paged_attention_ext import fallback, reference
+from paged_attention_ext.tools import testing
 from test_fallback import chunking  # noqa: F401  (the fallback's chunkings, a fixture)
 
 # 1 token, partition edges 511/512/513, 1537 (4 partitions, 1 token in the last), empty, odd.

@@ -1,6 +1,6 @@
 """The sync-free PyTorch fallback (paged_attention_ext.fallback) against the oracle.
 
-Same inputs as the kernel tests (paged_attention_ext.testing): sharp softmax, shuffled block
+Same inputs as the kernel tests (paged_attention_ext.tools.testing): sharp softmax, shuffled block
 tables with garbage (-1, ids >= num_blocks) past each row's used blocks, NaN in every unused cache
 slot, outputs pre-filled with NaN, odd lengths around the 512-token partitions. The fallback
 walks static passes over partitions / sequences, each gathered in sub-chunks: each case runs with
@@ -17,7 +17,8 @@ import math
 import pytest
 import torch
 
-from paged_attention_ext import fallback, reference, testing
+from paged_attention_ext import fallback, reference
+from paged_attention_ext.tools import testing
 from paged_attention_ext.validation import PARTITION_SIZE
 
 # 1 token, partition edges 511/512/513, 1537 (4 partitions, 1 token in the last), empty, odd.

@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from _backends import BACKEND_NAMES, available_backends
-from paged_attention_ext import reference, testing
+from paged_attention_ext import reference
+from paged_attention_ext.tools import testing
 
 settings.register_profile("ci", max_examples=20, deadline=None, derandomize=True,
                           suppress_health_check=[HealthCheck.too_slow])

@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 import torch
 
-from paged_attention_ext import reference, testing
+from paged_attention_ext import reference
+from paged_attention_ext.tools import testing
 
 
 def _v2_args(inputs):

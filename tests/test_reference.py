@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from dense_reference import FP8_TABLES, dense_attention, dense_for
-from paged_attention_ext import reference, testing
-from paged_attention_ext.testing import V2Outputs
+from paged_attention_ext import reference
+from paged_attention_ext.tools import testing
+from paged_attention_ext.tools.testing import V2Outputs
 
 # Lengths 1, 511/512/513 (partition edges), 1024 (2 partitions), 1537 (4 partitions, 1 token in
 # the last), 0 (empty row) and an odd short one, all in one batch.

@@ -12,7 +12,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import paged_attention_ext as pa
-from paged_attention_ext import reference, schemas, testing
+from paged_attention_ext import reference, schemas
+from paged_attention_ext.tools import testing
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,7 +62,8 @@ def test_scale_argument_picks_overload(scale_as_tensor, expected):
 def test_pytorch_implementation_serves_without_extension():
     script = (
         "import torch, paged_attention_ext as pa\n"
-        "from paged_attention_ext import testing, reference\n"
+        "from paged_attention_ext import reference\n"
+        "from paged_attention_ext.tools import testing\n"
         "assert not pa.extension_loaded(), 'extension should be disabled'\n"
         "i = testing.make_attention_inputs(3, 8, 2, 32, 8, [1, 600, 33], dtype=torch.bfloat16)\n"
         "got = testing.call_v2(torch.ops.paged_attn.v2, i, testing.alloc_v2_outputs(i))\n"

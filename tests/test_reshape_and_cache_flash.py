@@ -10,7 +10,8 @@ import torch
 
 from conftest import registered_ops
 from dense_reference import FP8_TABLES
-from paged_attention_ext import api, fallback, reference, testing
+from paged_attention_ext import api, fallback, reference
+from paged_attention_ext.tools import testing
 
 DTYPES = [  # (key dtype, kv_cache_dtype, scales as 0-dim tensors)
     (torch.float32, "auto", False),

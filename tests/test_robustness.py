@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from _backends import BACKEND_NAMES, available_backends
-from paged_attention_ext import reference, testing
+from paged_attention_ext import reference
+from paged_attention_ext.tools import testing
 
 
 def _large_pool_inputs(dtype, kv_cache_dtype):

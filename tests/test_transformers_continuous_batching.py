@@ -31,7 +31,7 @@ if not tcb.is_supported():
                 f"{transformers.__version__}", allow_module_level=True)
 
 from paged_attention_ext.integrations.transformers import CONTINUOUS_BATCHING  # noqa: E402
-from paged_attention_ext.testing import make_decode_inputs  # noqa: E402
+from paged_attention_ext.tools.testing import make_decode_inputs  # noqa: E402
 
 VOCAB = 512
 PROMPT_LENS = (5, 23, 150, 530)

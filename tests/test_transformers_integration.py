@@ -240,7 +240,7 @@ class _Layer(torch.nn.Module):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_alibi_batched_decode_through_the_attention_function(paged_ops, dtype):
-    from paged_attention_ext import testing
+    from paged_attention_ext.tools import testing
 
     num_heads, num_kv_heads, head_size, prompt_lens, steps = 8, 2, 32, (3, 18, 40), 20
     scale = head_size ** -0.5

@@ -6,7 +6,8 @@ import inspect
 import pytest
 import torch
 
-from paged_attention_ext import reference, testing
+from paged_attention_ext import reference
+from paged_attention_ext.tools import testing
 from paged_attention_ext.integrations import vllm_compat
 
 # The signature of the PyTorch reference function vLLM ports call (paged_attention_v2_pytorch):

@@ -19,7 +19,8 @@ import textwrap
 import pytest
 import torch
 
-from paged_attention_ext import reference, testing
+from paged_attention_ext import reference
+from paged_attention_ext.tools import testing
 from paged_attention_ext.integrations import vllm_compat, vllm_plugin
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -266,7 +267,8 @@ WORKER = textwrap.dedent('''\
     import vllm.plugins
     from vllm import _custom_ops as ops
 
-    from paged_attention_ext import reference, testing
+    from paged_attention_ext import reference
+    from paged_attention_ext.tools import testing
 
     vllm.plugins.load_general_plugins()
     for name in ("paged_attention_v1", "paged_attention_v2", "reshape_and_cache"):

@@ -1,7 +1,7 @@
 """Which NVIDIA GPU archs the CUDA kernels are built for, and whether a build runs on a GPU.
 
 Pure functions: no torch import at module level, no CUDA call. Used by
-  - setup.py (and CMakeLists.txt through `python paged_attention_ext/cuda_arch.py resolve`):
+  - setup.py (and CMakeLists.txt through `python paged_attention_ext/tools/cuda_arch.py resolve`):
     which TORCH_CUDA_ARCH_LIST to build for (`resolve_arch_list`);
   - `python -m paged_attention_ext info`: can our kernels run on each visible GPU (`match`);
   - tests/test_cuda_arch.py, which feeds the same table of cases to this module and to

@@ -21,9 +21,9 @@ from typing import List, NamedTuple, Optional, Union
 
 import torch
 
-from .core import encode_cache
-from .validation import FP8_DTYPES  # noqa: F401  (re-exported: kv_cache_dtype -> torch fp8 dtype)
-from .validation import PARTITION_SIZE, Blocksparse, cache_dtype_for, parse_kv_cache_dtype
+from ..core import encode_cache
+from ..validation import FP8_DTYPES  # noqa: F401  (re-exported: kv_cache_dtype -> torch fp8 dtype)
+from ..validation import PARTITION_SIZE, Blocksparse, cache_dtype_for, parse_kv_cache_dtype
 
 # NaN as an fp8 byte: 0x7F is NaN in both float8_e4m3fn (S.1111.111) and float8_e5m2 (S.11111.11).
 FP8_NAN_BYTE = 0x7F

@@ -66,8 +66,8 @@ class Workload:
         s = self.shape
         if self.blocksparse is None:
             return s.ctx * s.kv_heads
-        from ..reference import blocksparse_keep
-        from ..validation import Blocksparse
+        from ...reference import blocksparse_keep
+        from ...validation import Blocksparse
         keep = blocksparse_keep(Blocksparse(*self.blocksparse), s.ctx, s.block, s.heads,
                                 s.kv_heads)                       # [heads, blocks]
         read = keep.reshape(s.kv_heads, s.heads // s.kv_heads, -1).any(dim=1)  # [kv_heads, blocks]

@@ -15,7 +15,8 @@ from typing import Any, Optional
 
 import torch
 
-from . import cuda_arch, schemas
+from .. import schemas
+from . import cuda_arch
 
 OPS = schemas.OP_NAMES
 _LIB = "paged_attn"

@@ -11,8 +11,8 @@ from typing import Optional
 
 import torch
 
-from .. import reference
-from ..api import num_partitions
+from ... import reference
+from ...api import num_partitions
 from ..testing import tolerances
 from .bandwidth import Bandwidth, best_of, measure_bandwidth
 from .contenders import CONTENDERS, applicable, vllm_pick

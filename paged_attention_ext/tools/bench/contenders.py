@@ -14,8 +14,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .. import reference
-from ..api import num_partitions, use_v1
+from ... import reference
+from ...api import num_partitions, use_v1
 from .workload import Workload, decode
 
 
@@ -83,7 +83,7 @@ def _prepare_by_layout(module):
 
 
 def _prepare_fallback(work):
-    from .. import fallback  # the PyTorch implementation devices without a kernel get
+    from ... import fallback  # the PyTorch implementation devices without a kernel get
 
     return _prepare_by_layout(fallback)(work)
 

@@ -157,7 +157,7 @@ def _parse_blocksparse(spec, kv_layout):
             raise ValueError(f"--blocksparse: bad item {item!r}: expected key=value with key in "
                              f"{', '.join(_BLOCKSPARSE_KEYS)}")
         values[key.strip()] = int(value)
-    from .validation import check_blocksparse
+    from ..validation import check_blocksparse
 
     result = tuple(values[k] for k in _BLOCKSPARSE_KEYS)
     check_blocksparse("bench --blocksparse", *result)
@@ -216,7 +216,7 @@ def _reexec_with_passive_omp(argv: list):
 
 
 def main(argv: Optional[list] = None) -> int:
-    """Entry point of `paged-attn` (pyproject: paged-attn = "paged_attention_ext.cli:main").
+    """Entry point of `paged-attn` (pyproject: paged-attn = "paged_attention_ext.tools.cli:main").
     argv None: the process's own arguments (and `bench` may re-exec itself, see above)."""
     from_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -2,7 +2,7 @@
 reshape_and_cache_flash on an NHD-ordered cache, NHD / HND / combined by turns) on a few fresh
 random shapes against the oracle (paged_attention_ext.reference); report max errors, pass/fail.
 
-Inputs come from paged_attention_ext.testing: N(0,1) q/k/v (sharp softmax), shuffled block
+Inputs come from paged_attention_ext.tools.testing: N(0,1) q/k/v (sharp softmax), shuffled block
 tables with garbage past each row, NaN in every unused cache slot, outputs pre-filled with NaN.
 The shapes are drawn from a seed that is printed, so a failure can be replayed with --seed.
 """
@@ -17,7 +17,8 @@ import torch
 
 import paged_attention_ext
 
-from . import reference, testing
+from .. import reference
+from . import testing
 from .backends import Backend, active_backends
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
