@@ -111,9 +111,9 @@ def test_none_without_the_extension():
 
 
 def test_check_head_sizes_come_from_the_build(build):
-    from paged_attention_ext.tools import selfcheck
+    from paged_attention_ext.tools import conformance
 
-    sizes = selfcheck.head_sizes(build)
+    sizes = conformance.head_sizes(build)
     assert sizes and all(d % 16 == 0 for d in sizes)
     if build["cuda"]:
         assert set(sizes) <= set(build["cuda_head_sizes"])

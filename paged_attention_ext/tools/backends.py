@@ -1,6 +1,7 @@
 """Which implementations of torch.ops.paged_attn.* exist in this process, and how to call each.
 
-One job: detection. `detect()` answers `info`; `active_backends()` lists what `check` runs.
+One job: detection. `detect()` answers `info`; `active_backends()` lists what `check` and the
+tests run, and `backend(name)` finds one of them by its name.
 What the package compiled and registered comes from the extension itself
 (paged_attention_ext.build_info()); which dispatch key has a kernel now comes from the dispatcher,
 so the report is what torch will actually run.
@@ -170,7 +171,7 @@ def detect() -> Detection:
     return det
 
 
-def _fallback_ops() -> Optional[Any]:
+def fallback_ops() -> Optional[Any]:
     """The Python fallback's functions (paged_attention_v1 / _v2, the others by their op names),
     callable directly, bypassing the dispatcher."""
     module, _ = _import("paged_attention_ext.fallback")
@@ -192,7 +193,7 @@ def active_backends(det: Optional[Detection] = None) -> list:
     if cpu_compiled:
         backends.append(Backend("cpu-kernel", "cpu", torch.ops.paged_attn,
                                 f"C++ CPU kernel {det.cpu_kernel}"))
-        fallback = _fallback_ops()
+        fallback = fallback_ops()
         if fallback is not None:
             backends.append(Backend("python-fallback", "cpu", fallback, "called directly"))
     else:
@@ -206,12 +207,12 @@ def active_backends(det: Optional[Detection] = None) -> list:
         if cuda_compiled and runs_here:
             backends.append(Backend("cuda-kernel", "cuda", torch.ops.paged_attn,
                                     "archs " + (", ".join(det.cuda_archs) or "unknown")))
-            fallback = _fallback_ops()
+            fallback = fallback_ops()
             if fallback is not None:
                 backends.append(Backend("python-fallback-cuda", "cuda", fallback,
                                         "called directly"))
         elif cuda_compiled:
-            fallback = _fallback_ops()
+            fallback = fallback_ops()
             if fallback is not None:
                 backends.append(Backend("python-fallback-cuda", "cuda", fallback,
                                         "called directly (our CUDA kernels cannot run on "
@@ -220,6 +221,23 @@ def active_backends(det: Optional[Detection] = None) -> list:
             backends.append(Backend("python-fallback-cuda", "cuda", torch.ops.paged_attn,
                                     "via torch.ops (no compiled CUDA kernel)"))
     return backends
+
+
+def backend_names(device: str = "cpu") -> list:
+    """The names of the active backends whose tensors live on `device` ("cpu", "cuda")."""
+    return [b.name for b in active_backends() if b.device == device]
+
+
+def backend(name: str) -> Backend:
+    """The active backend called `name` ("cpu-kernel", "python-fallback", "cuda-kernel",
+    "python-fallback-cuda"): what a caller that names a backend runs, never another. LookupError
+    naming the active ones when `name` is not active here."""
+    active = active_backends()
+    for candidate in active:
+        if candidate.name == name:
+            return candidate
+    raise LookupError(f"backend {name!r} is not active here; active: "
+                      + (", ".join(b.name for b in active) or "none"))
 
 
 def op_backend_name(device: str) -> str:

@@ -13,35 +13,10 @@ import random
 from dataclasses import dataclass
 from typing import Optional
 
-import torch
-
 import paged_attention_ext
 
-from .. import reference
-from . import testing
+from . import conformance
 from .backends import Backend, active_backends
-
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-@dataclass
-class CaseSpec:
-    num_seqs: int
-    num_heads: int
-    num_kv_heads: int
-    head_size: int
-    block_size: int
-    seq_lens: list
-    dtype: torch.dtype
-    kv_cache_dtype: str
-    use_alibi: bool
-
-    @property
-    def label(self) -> str:
-        dtype = str(self.dtype).replace("torch.", "")
-        return (f"seqs {self.num_seqs} heads {self.num_heads}/{self.num_kv_heads} "
-                f"d{self.head_size} block {self.block_size} max_len {max(self.seq_lens)} "
-                f"{dtype} kv {self.kv_cache_dtype}" + (" alibi" if self.use_alibi else ""))
 
 
 @dataclass
@@ -54,126 +29,40 @@ class CaseResult:
     message: str = ""
 
 
-def head_sizes(build: Optional[dict]) -> tuple:
-    """Head sizes every backend of this build takes with every cache dtype: the CUDA kernels'
-    list (build_info, `build`) when CUDA kernels were compiled, else 32 to 256 (the CPU kernel and
-    the fallback take any head size), keeping those whose fp8 row is whole 16-byte vectors
-    (vLLM's x = 16 // element size; the CUDA kernels' vector loads)."""
-    sizes = build["cuda_head_sizes"] if build and build["cuda"] else range(32, 257, 16)
-    return tuple(d for d in sizes if d % 16 == 0)
+def _result(backend: Backend, case: str, outcome: conformance.Outcome) -> CaseResult:
+    message = outcome.message.splitlines()[0] if outcome.message else ""
+    return CaseResult(backend.name, outcome.op, case, outcome.max_abs_err, outcome.passed,
+                      message)
 
 
-def random_cases(rng: random.Random, count: int, sizes: tuple) -> list:
-    """`count` shapes with head sizes drawn from `sizes`; the first is fp32 with a plain cache,
-    one later one uses an fp8 cache, and lengths cross the 512-token partition boundary and
-    include an empty row."""
-    cases = []
-    for i in range(count):
-        kv_heads = rng.choice((1, 2, 4))
-        group = rng.choice((1, 2, 3, 4))
-        num_seqs = rng.randint(2, 5)
-        lens = [rng.randint(1, 1300) for _ in range(num_seqs)]
-        lens[rng.randrange(num_seqs)] = rng.choice((0, 511, 512, 513))
-        dtype = torch.float32 if i == 0 else rng.choice(DTYPES)
-        kv = "auto" if i != 2 else rng.choice(("fp8", "fp8_e4m3", "fp8_e5m2"))
-        cases.append(CaseSpec(num_seqs, kv_heads * group, kv_heads, rng.choice(sizes),
-                              rng.choice((8, 16, 32)), lens, dtype, kv, use_alibi=i == 1))
-    return cases
+def _check_v1(backend: Backend, case: conformance.CaseSpec, seed: int) -> CaseResult:
+    inputs = conformance.case_inputs(case, backend.device, seed)
+    return _result(backend, case.label, conformance.v1(backend.ops, inputs))
 
 
-def _inputs(case: CaseSpec, device: str, seed: int):
-    return testing.make_attention_inputs(
-        case.num_seqs, case.num_heads, case.num_kv_heads, case.head_size, case.block_size,
-        case.seq_lens, dtype=case.dtype, kv_cache_dtype=case.kv_cache_dtype,
-        use_alibi=case.use_alibi, device=device, seed=seed)
+def _check_v2(backend: Backend, case: conformance.CaseSpec, seed: int) -> CaseResult:
+    inputs = conformance.case_inputs(case, backend.device, seed)
+    return _result(backend, case.label, conformance.v2(backend.ops, inputs)[0])
 
 
-def _max_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    diff = (actual.double() - expected.double().to(actual.device)).abs()
-    return float(diff.nan_to_num(float("inf")).max()) if diff.numel() else 0.0
+def _check_decode(backend: Backend, case: conformance.CaseSpec, seed: int) -> CaseResult:
+    inputs = conformance.case_decode_inputs(case, backend.device, seed)
+    return _result(backend, f"{case.label} {inputs.layout}",
+                   conformance.decode(backend.ops, inputs)[0])
 
 
-def _compare(fn, *args) -> tuple:
-    try:
-        fn(*args)
-        return True, ""
-    except AssertionError as exc:
-        return False, str(exc).strip().splitlines()[0]
-
-
-def _check_v1(backend: Backend, case: CaseSpec, seed: int) -> CaseResult:
-    inputs = _inputs(case, backend.device, seed)
-    actual = testing.call_v1(backend.ops.v1, inputs, testing.alloc_v1_outputs(inputs))
-    expected = testing.call_v1(reference.paged_attention_v1, inputs,
-                               testing.alloc_v1_outputs(inputs))
-    ok, msg = _compare(testing.assert_out_matches, actual, expected, case.dtype,
-                       case.kv_cache_dtype)
-    return CaseResult(backend.name, "v1", case.label, _max_err(actual, expected), ok, msg)
-
-
-def _check_v2(backend: Backend, case: CaseSpec, seed: int) -> CaseResult:
-    inputs = _inputs(case, backend.device, seed)
-    actual = testing.call_v2(backend.ops.v2, inputs, testing.alloc_v2_outputs(inputs))
-    expected = testing.call_v2(reference.paged_attention_v2, inputs,
-                               testing.alloc_v2_outputs(inputs))
-    ok, msg = _compare(testing.assert_v2_matches, actual, expected, case.seq_lens, case.dtype,
-                       case.kv_cache_dtype)
-    return CaseResult(backend.name, "v2", case.label, _max_err(actual.out, expected.out), ok, msg)
-
-
-def _decode_inputs(case: CaseSpec, device: str, seed: int):
-    layout = ("nhd", "hnd", "combined")[seed % 3]
-    return testing.make_decode_inputs(
-        case.num_seqs, case.num_heads, case.num_kv_heads, case.head_size, case.block_size,
-        case.seq_lens, layout=layout, dtype=case.dtype, kv_cache_dtype=case.kv_cache_dtype,
-        use_alibi=case.use_alibi, device=device, seed=seed)
-
-
-def _check_decode(backend: Backend, case: CaseSpec, seed: int) -> CaseResult:
-    inputs = _decode_inputs(case, backend.device, seed)
-    actual = testing.call_decode(backend.ops.decode, inputs, testing.alloc_v1_outputs(inputs))
-    expected = testing.call_decode(reference.decode, inputs, testing.alloc_v1_outputs(inputs))
-    ok, msg = _compare(testing.assert_out_matches, actual, expected, case.dtype,
-                       case.kv_cache_dtype)
-    return CaseResult(backend.name, "decode", f"{case.label} {inputs.layout}",
-                      _max_err(actual, expected), ok, msg)
-
-
-def _check_cache(backend: Backend, case: CaseSpec, seed: int, flash: bool = False) -> CaseResult:
+def _check_cache(backend: Backend, case: conformance.CaseSpec, seed: int,
+                 flash: bool = False) -> CaseResult:
     """reshape_and_cache (flash: reshape_and_cache_flash into an NHD-ordered view) of a few new
     tokens (one padding slot -1) into a poisoned cache."""
-    inputs = (_decode_inputs if flash else _inputs)(case, backend.device, seed)
-    gen = torch.Generator().manual_seed(seed + 1)
-    num_slots = inputs.num_blocks * inputs.block_size
-    num_tokens = min(7, num_slots)
-    slots = torch.randperm(num_slots, generator=gen)[:num_tokens]
-    slots[0] = -1
-    shape = (num_tokens, case.num_kv_heads, case.head_size)
-    key = torch.randn(shape, generator=gen).to(case.dtype).to(backend.device)
-    value = torch.randn(shape, generator=gen).to(case.dtype).to(backend.device)
-    slots = slots.to(backend.device)
-    caches = {}
+    make_inputs = conformance.case_decode_inputs if flash else conformance.case_inputs
+    inputs = make_inputs(case, backend.device, seed)
+    key, value, slots = conformance.case_cache_write(inputs, seed)
     op = "reshape_and_cache_flash" if flash else "reshape_and_cache"
-    for name, fn in (("actual", getattr(backend.ops, op)), ("expected", getattr(reference, op))):
-        k_cache, v_cache = inputs.key_cache.clone(), inputs.value_cache.clone()
-        fn(key, value, k_cache, v_cache, slots, inputs.kv_cache_dtype, inputs.k_scale,
-           inputs.v_scale)
-        caches[name] = (k_cache, v_cache)
-    # Bitwise comparison (NaN-poisoned slots must stay as they were): compare the bytes.
-    same = all(torch.equal(a.view(torch.uint8), e.view(torch.uint8))
-               for a, e in zip(caches["actual"], caches["expected"]))
-    err = max(_max_err(decoded(a, inputs), decoded(e, inputs))
-              for a, e in zip(caches["actual"], caches["expected"]))
-    msg = "" if same else "cache bytes differ from the oracle's"
-    label = f"{case.label} {inputs.layout}" if flash else case.label
-    return CaseResult(backend.name, op, label, err, same, msg)
-
-
-def decoded(cache: torch.Tensor, inputs) -> torch.Tensor:
-    """Cache as float64 with NaN slots zeroed (for an error figure; the verdict is bitwise)."""
-    if inputs.kv_cache_dtype != "auto":
-        cache = cache.view(testing.FP8_DTYPES[inputs.kv_cache_dtype])
-    return cache.double().nan_to_num(0.0)
+    outcome = conformance.cache_write(backend.ops, op, key, value, inputs.key_cache,
+                                      inputs.value_cache, slots, inputs.kv_cache_dtype,
+                                      inputs.k_scale, inputs.v_scale)
+    return _result(backend, f"{case.label} {inputs.layout}" if flash else case.label, outcome)
 
 
 CHECKS = (("v1", _check_v1), ("v2", _check_v2), ("reshape_and_cache", _check_cache),
@@ -186,8 +75,8 @@ def run_checks(num_cases: int = 3, seed: Optional[int] = None,
     """Returns (seed, backends, results)."""
     seed = random.SystemRandom().randrange(1 << 31) if seed is None else seed
     backends = active_backends() if backends is None else backends
-    cases = random_cases(random.Random(seed), num_cases,
-                         head_sizes(paged_attention_ext.build_info()))
+    cases = conformance.random_cases(random.Random(seed), num_cases,
+                                     conformance.head_sizes(paged_attention_ext.build_info()))
     results = []
     for backend in backends:
         for i, case in enumerate(cases):
