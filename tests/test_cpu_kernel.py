@@ -19,7 +19,7 @@ import torch
 
 import paged_attention_ext
 from paged_attention_ext import reference
-from paged_attention_ext.tools import testing
+from paged_attention_ext.tools import backends, conformance, testing
 from test_blocksparse_reference import CASES as BLOCKSPARSE_CASES
 from test_blocksparse_reference import _inputs as blocksparse_inputs
 from test_blocksparse_reference import _mask as blocksparse_mask
@@ -28,7 +28,9 @@ from test_blocksparse_reference import _poison_skipped as poison_skipped
 pytestmark = pytest.mark.skipif(not paged_attention_ext.extension_loaded(),
                                 reason=f"compiled extension: {paged_attention_ext.extension_status()}")
 
-OPS = torch.ops.paged_attn
+# The compiled CPU kernel by name (tools.backends: active only when _C's CPU kernels serve every
+# op), or None where the extension is not loaded (every test here skips then).
+OPS = backends.backend("cpu-kernel").ops if paged_attention_ext.extension_loaded() else None
 
 
 VARIANTS = paged_attention_ext.cpu_kernel_variants()  # [(name, runnable, why_not)], best first
@@ -49,13 +51,7 @@ def kernel(request, monkeypatch):
 def check_v1_v2(inp, extra_partitions=0, blocksparse=testing.DENSE):
     """Run v2 and v1 (kernel) and the oracle's v2 on the same inputs; compare everything."""
     p = max(1, max(map(testing.num_partitions, inp.seq_lens_list), default=0))
-    got = testing.call_v2(OPS.v2, inp, testing.alloc_v2_outputs(inp, p + extra_partitions),
-                          blocksparse)
-    want = testing.call_v2(reference.paged_attention_v2, inp,
-                           testing.alloc_v2_outputs(inp, p + extra_partitions), blocksparse)
-    testing.assert_v2_matches(got, want, inp.seq_lens_list, inp.dtype, inp.kv_cache_dtype)
-    out1 = testing.call_v1(OPS.v1, inp, testing.alloc_v1_outputs(inp), blocksparse)
-    testing.assert_out_matches(out1, want.out, inp.dtype, inp.kv_cache_dtype, name="v1 out")
+    conformance.require(*conformance.attention(OPS, inp, p + extra_partitions, blocksparse))
 
 
 # (dtype, kv_cache_dtype, num_heads, num_kv_heads, head_size, block_size, seq_lens, alibi)
@@ -185,11 +181,8 @@ def test_reshape_and_cache_bit_exact(dtype, kv, scale_as_tensor):
     k_scale, v_scale = (1.0, 1.0) if kv == "auto" else (0.37, 1.9)
     if scale_as_tensor:
         k_scale, v_scale = torch.tensor(k_scale), torch.tensor(v_scale)
-    want_k, want_v = kc.clone(), vc.clone()
-    reference.reshape_and_cache(key, value, want_k, want_v, slots, kv, k_scale, v_scale)
-    OPS.reshape_and_cache(key, value, kc, vc, slots, kv, k_scale, v_scale)
-    assert torch.equal(kc.view(torch.uint8), want_k.view(torch.uint8))
-    assert torch.equal(vc.view(torch.uint8), want_v.view(torch.uint8))
+    conformance.require(conformance.cache_write(OPS, "reshape_and_cache", key, value, kc, vc,
+                                                slots, kv, k_scale, v_scale))
 
 
 def test_cache_then_attend_round_trip(kernel):
@@ -233,12 +226,7 @@ DECODE_PARAMS = [(c, lay) for i, c in enumerate(DECODE_CASES)
 def check_decode(inp):
     """decode (kernel) against reference.decode and against v1 (kernel) on the same K/V in
     vLLM's layout; out pre-filled with NaN."""
-    fill = torch.full((inp.num_seqs, inp.num_heads, inp.head_size), float("nan"), dtype=inp.dtype)
-    got = testing.call_decode(OPS.decode, inp, fill.clone())
-    want = testing.call_decode(reference.decode, inp, fill.clone())
-    testing.assert_out_matches(got, want, inp.dtype, inp.kv_cache_dtype, name="decode out")
-    v1 = testing.call_v1(OPS.v1, inp.legacy, testing.alloc_v1_outputs(inp.legacy))
-    testing.assert_out_matches(got, v1, inp.dtype, inp.kv_cache_dtype, name="decode vs v1")
+    conformance.require(*conformance.decode(OPS, inp, against_v1=True))
 
 
 @pytest.mark.parametrize("case,layout", DECODE_PARAMS,
@@ -308,12 +296,10 @@ def test_reshape_and_cache_flash_bit_exact(dtype, kv, layout):
     slots[::4] = -1
     kc, vc = _flash_caches(layout, num_blocks, bs, kvh, d, dtype if kv == "auto" else torch.uint8,
                            seed=6)
-    want_k, want_v = kc.clone(), vc.clone()
     for k_scale, v_scale in ((0.37, 1.9), (torch.tensor(0.37), torch.tensor(1.9))):
-        reference.reshape_and_cache_flash(key, value, want_k, want_v, slots, kv, k_scale, v_scale)
-        OPS.reshape_and_cache_flash(key, value, kc, vc, slots, kv, k_scale, v_scale)
-        assert torch.equal(kc.view(torch.uint8), want_k.view(torch.uint8))
-        assert torch.equal(vc.view(torch.uint8), want_v.view(torch.uint8))
+        written = conformance.cache_write(OPS, "reshape_and_cache_flash", key, value, kc, vc,
+                                          slots, kv, k_scale, v_scale)
+        kc, vc = conformance.require(written).actual  # the next write goes on top
 
 
 def test_flash_cache_then_decode_round_trip(kernel):
@@ -328,7 +314,4 @@ def test_flash_cache_then_decode_round_trip(kernel):
     OPS.reshape_and_cache_flash(new_k, new_v, inp.key_cache, inp.value_cache, torch.tensor(slots))
     inp.seq_lens += 1
     inp.seq_lens_list = [n + 1 for n in inp.seq_lens_list]
-    fill = torch.full((2, 8, 64), float("nan"), dtype=torch.bfloat16)
-    got = testing.call_decode(OPS.decode, inp, fill.clone())
-    want = testing.call_decode(reference.decode, inp, fill.clone())
-    testing.assert_out_matches(got, want, torch.bfloat16)
+    conformance.require(*conformance.decode(OPS, inp))

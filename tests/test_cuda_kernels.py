@@ -24,7 +24,7 @@ import fatbin
 import paged_attention_ext
 from conftest import registered_ops
 from paged_attention_ext import reference, schemas
-from paged_attention_ext.tools import backends, testing
+from paged_attention_ext.tools import backends, conformance, testing
 from paged_attention_ext.tools.testing import (alloc_v1_outputs, alloc_v2_outputs,
                                                assert_out_matches, assert_v2_matches, call_v1,
                                                call_v2, make_attention_inputs,
@@ -50,10 +50,11 @@ def ops():
     if not CUDA:
         pytest.skip("no CUDA device (torch.cuda.is_available() is False): the CUDA kernels "
                     "cannot run here (test_cuda_kernels_registered checks that they are registered)")
-    ops = registered_ops()
+    registered_ops()
     if not backends.compiled_kernel("v2", "CUDA"):
         pytest.skip("no compiled CUDA kernel: test_cuda_kernels_registered fails for this build")
-    return ops
+    # by name: active only when every op has a compiled CUDA kernel that runs on this GPU
+    return backends.backend("cuda-kernel").ops
 
 
 def _cuda_archs_in_extension():
@@ -83,19 +84,11 @@ def _reference_v2(inputs, max_num_partitions=None):
 
 
 def _check_v2(ops, inputs, max_num_partitions=None):
-    actual = call_v2(ops.v2, inputs, alloc_v2_outputs(inputs, max_num_partitions))
-    expected = _reference_v2(inputs, max_num_partitions)
-    torch.cuda.synchronize()
-    assert_v2_matches(actual, expected, inputs.seq_lens_list, inputs.dtype, inputs.kv_cache_dtype)
-    return actual
+    return conformance.require(conformance.v2(ops, inputs, max_num_partitions)[0]).actual
 
 
 def _check_v1(ops, inputs):
-    actual = call_v1(ops.v1, inputs, alloc_v1_outputs(inputs))
-    expected = call_v1(reference.paged_attention_v1, inputs, alloc_v1_outputs(inputs))
-    torch.cuda.synchronize()
-    assert_out_matches(actual, expected, inputs.dtype, inputs.kv_cache_dtype)
-    return actual
+    return conformance.require(conformance.v1(ops, inputs)).actual
 
 
 # (num_seqs, num_heads, num_kv_heads, head_size, block_size, seq_lens, alibi)
@@ -195,13 +188,7 @@ def _check_blocksparse(ops, inputs, sparse):
     head) pairs that no query head of the KV head attends are NaN: a kernel that reads one of
     them, or lets it into the softmax, gives NaN."""
     poisoned = _to_device(poison_skipped(inputs, blocksparse_mask(inputs, sparse)))
-    want = call_v2(reference.paged_attention_v2, poisoned, alloc_v2_outputs(poisoned), sparse)
-    got = call_v2(ops.v2, poisoned, alloc_v2_outputs(poisoned), sparse)
-    got_v1 = call_v1(ops.v1, poisoned, alloc_v1_outputs(poisoned), sparse)
-    torch.cuda.synchronize()
-    assert_v2_matches(got, want, poisoned.seq_lens_list, poisoned.dtype, poisoned.kv_cache_dtype)
-    assert_out_matches(got_v1, want.out, poisoned.dtype, poisoned.kv_cache_dtype, name="v1 out")
-    return got
+    return conformance.require(*conformance.attention(ops, poisoned, blocksparse=sparse)).actual
 
 
 # The cases of tests/test_blocksparse_reference.py (block sizes 5, 8 and 16: the per-token and the
@@ -302,14 +289,10 @@ def test_reshape_and_cache_matches_reference(ops, kv_cache_dtype, dtype, scale_a
     if scale_as_tensor:
         k_scale = torch.tensor(k_scale, device=DEV)
         v_scale = torch.tensor(v_scale, device=DEV)
-    k_ref, v_ref = k_cache.clone(), v_cache.clone()
-    ops.reshape_and_cache(key, value, k_cache, v_cache, slot_mapping, kv_cache_dtype, k_scale,
-                          v_scale)
-    reference.reshape_and_cache(key, value, k_ref, v_ref, slot_mapping, kv_cache_dtype, k_scale,
-                                v_scale)
-    torch.cuda.synchronize()
-    assert torch.equal(k_cache, k_ref)  # bit-exact: same conversion, same rounding
-    assert torch.equal(v_cache, v_ref)
+    # bit-exact: same conversion, same rounding
+    conformance.require(conformance.cache_write(ops, "reshape_and_cache", key, value, k_cache,
+                                                v_cache, slot_mapping, kv_cache_dtype, k_scale,
+                                                v_scale))
 
 
 # ---- torch integration ----
@@ -493,15 +476,7 @@ DECODE_PARAMS = [(c, lay) for i, c in enumerate(DECODE_CASES)
 def _check_decode(ops, inputs):
     """decode (CUDA) against reference.decode and against v1 (CUDA) on the same K/V in vLLM's
     layout; out pre-filled with NaN."""
-    shape = (inputs.num_seqs, inputs.num_heads, inputs.head_size)
-    fill = torch.full(shape, float("nan"), dtype=inputs.dtype, device=DEV)
-    got = testing.call_decode(ops.decode, inputs, fill.clone())
-    want = testing.call_decode(reference.decode, inputs, fill.clone())
-    v1 = call_v1(ops.v1, inputs.legacy, alloc_v1_outputs(inputs.legacy))
-    torch.cuda.synchronize()
-    assert_out_matches(got, want, inputs.dtype, inputs.kv_cache_dtype, name="decode out")
-    assert_out_matches(got, v1, inputs.dtype, inputs.kv_cache_dtype, name="decode vs v1")
-    return got
+    return conformance.require(*conformance.decode(ops, inputs, against_v1=True)).actual
 
 
 @pytest.mark.parametrize("case,layout", DECODE_PARAMS,
@@ -568,14 +543,11 @@ def test_reshape_and_cache_flash_matches_reference(ops, dtype, kv, layout):
         k = torch.randn(num_blocks, bs, kvh, d, generator=g).to(cache_dtype)
         v = torch.randn(num_blocks, bs, kvh, d, generator=g).to(cache_dtype)
     kc, vc, _ = testing.nhd_cache_views(k.to(DEV), v.to(DEV), layout)
-    want_k, want_v = kc.clone(), vc.clone()
     for k_scale, v_scale in ((0.37, 1.9), (torch.tensor(0.37, device=DEV),
                                            torch.tensor(1.9, device=DEV))):
-        reference.reshape_and_cache_flash(key, value, want_k, want_v, slots, kv, k_scale, v_scale)
-        ops.reshape_and_cache_flash(key, value, kc, vc, slots, kv, k_scale, v_scale)
-        torch.cuda.synchronize()
-        assert torch.equal(kc.view(torch.uint8), want_k.view(torch.uint8))
-        assert torch.equal(vc.view(torch.uint8), want_v.view(torch.uint8))
+        written = conformance.cache_write(ops, "reshape_and_cache_flash", key, value, kc, vc,
+                                          slots, kv, k_scale, v_scale)
+        kc, vc = conformance.require(written).actual  # the next write goes on top
 
 
 def test_flash_cache_then_decode_round_trip(ops):
@@ -592,8 +564,4 @@ def test_flash_cache_then_decode_round_trip(ops):
                                 torch.tensor(slots, device=DEV))
     inputs.seq_lens += 1
     inputs.seq_lens_list = [n + 1 for n in inputs.seq_lens_list]
-    fill = torch.full((2, 8, 64), float("nan"), dtype=torch.bfloat16, device=DEV)
-    got = testing.call_decode(ops.decode, inputs, fill.clone())
-    want = testing.call_decode(reference.decode, inputs, fill.clone())
-    torch.cuda.synchronize()
-    assert_out_matches(got, want, torch.bfloat16)
+    conformance.require(*conformance.decode(ops, inputs))

@@ -10,14 +10,14 @@ view, combined K/V, K and V with different strides, padded strides).
 """
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from conftest import registered_ops
 from dense_reference import dense_for_decode
 from paged_attention_ext import fallback, reference
-from paged_attention_ext.tools import testing
+from paged_attention_ext.tools import backends, conformance, testing
 from test_fallback import chunking  # noqa: F401  (the fallback's chunkings, a fixture)
 
 # 1 token, partition edges 511/512/513, 1537 (4 partitions, 1 token in the last), empty, odd.
@@ -106,17 +106,22 @@ def test_oracle_ignores_nan_in_unused_slots():
 
 # ---- the implementations against the oracle ----
 
-def _backends():
-    return {"fallback": fallback.decode, "ops": registered_ops().decode}
+# The CPU backends by name (tools.backends): the compiled CPU kernel and the fallback called
+# directly when _C is loaded, else the fallback through torch.ops.
+CPU_BACKENDS = backends.backend_names("cpu")
 
 
-@pytest.mark.parametrize("backend", ["fallback", "ops"])
+def _decode(backend):
+    """decode of the backend named `backend`, or the oracle's ("reference")."""
+    return reference.decode if backend == "reference" else backends.backend(backend).ops.decode
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
 @pytest.mark.parametrize("index,case,layout", _layout_cases())
 def test_matches_oracle(backend, index, case, layout):
     inputs = _inputs(case, seed=index, layout=layout, noncontig_query=index % 2 == 0,
                      scale_as_tensor=index % 3 == 0)
-    got = testing.call_decode(_backends()[backend], inputs, testing.alloc_v1_outputs(inputs))
-    testing.assert_out_matches(got, _oracle(inputs), inputs.dtype, inputs.kv_cache_dtype)
+    conformance.require(*conformance.decode(backends.backend(backend).ops, inputs))
 
 
 @pytest.mark.parametrize("layout", ["nhd", "hnd", "mixed"])
@@ -124,17 +129,15 @@ def test_fallback_chunkings(layout, chunking):
     for index in (1, 7):  # block sizes 5 and 7: blocks straddle the partitions
         inputs = _inputs(CASES[index], seed=20 + index, layout=layout,
                          seq_lens=[513, 0, 1100, 37])
-        got = testing.call_decode(fallback.decode, inputs, testing.alloc_v1_outputs(inputs))
-        testing.assert_out_matches(got, _oracle(inputs), inputs.dtype, inputs.kv_cache_dtype)
+        conformance.require(*conformance.decode(backends.fallback_ops(), inputs))
 
 
-@pytest.mark.parametrize("backend", ["reference", "fallback", "ops"])
+@pytest.mark.parametrize("backend", ["reference", *CPU_BACKENDS])
 @pytest.mark.parametrize("seq_lens", [[0, 0], [0], [1024], [3000, 2]],
                          ids=["all_empty", "one_empty", "full_table", "long"])
 def test_edge_batches(backend, seq_lens):
-    fn = {"reference": reference.decode, **_backends()}[backend]
     inputs = _inputs(CASES[6], seed=5, layout="combined", seq_lens=seq_lens)
-    got = testing.call_decode(fn, inputs, testing.alloc_v1_outputs(inputs))
+    got = testing.call_decode(_decode(backend), inputs, testing.alloc_v1_outputs(inputs))
     if max(seq_lens) == 0:  # zeros, never NaN
         assert torch.equal(got, torch.zeros_like(got))
     dense = dense_for_decode(inputs)
@@ -159,23 +162,22 @@ def test_compile_fullgraph_fallback_decode():
     torch._dynamo.reset()
     inputs = _inputs(CASES[6], seed=9, layout="combined_hnd", seq_lens=[513, 0, 37],
                      scale_as_tensor=True)
-    fn = torch.compile(fallback.decode, fullgraph=True, backend="aot_eager")
-    got = testing.call_decode(fn, inputs, testing.alloc_v1_outputs(inputs))
-    testing.assert_out_matches(got, _oracle(inputs), inputs.dtype, inputs.kv_cache_dtype)
+    compiled = SimpleNamespace(decode=torch.compile(fallback.decode, fullgraph=True,
+                                                    backend="aot_eager"))
+    conformance.require(*conformance.decode(compiled, inputs))
 
 
-@pytest.mark.parametrize("backend", ["reference", "fallback", "ops"])
+@pytest.mark.parametrize("backend", ["reference", *CPU_BACKENDS])
 @pytest.mark.parametrize("dtype,kv_cache_dtype,head_size",
                          [(torch.float16, "auto", 20), (torch.float32, "fp8_e5m2", 36),
                           (torch.bfloat16, "auto", 1)])
 def test_head_sizes_no_v1_cache_holds(backend, dtype, kv_cache_dtype, head_size):
     """decode has no x: any head_size (here cut from a wider cache: views with strided rows)."""
-    fn = {"reference": reference.decode, **_backends()}[backend]
     wide = testing.make_decode_inputs(3, 4, 2, 48, 5, [600, 0, 13], layout="hnd", dtype=dtype,
                                       kv_cache_dtype=kv_cache_dtype, use_alibi=True, seed=8)
     inputs = dataclasses.replace(wide, query=wide.query[..., :head_size],
                                  key_cache=wide.key_cache[..., :head_size],
                                  value_cache=wide.value_cache[..., :head_size],
                                  head_size=head_size, scale=head_size ** -0.5)
-    got = testing.call_decode(fn, inputs, testing.alloc_v1_outputs(inputs))
+    got = testing.call_decode(_decode(backend), inputs, testing.alloc_v1_outputs(inputs))
     testing.assert_out_matches(got, dense_for_decode(inputs).out, dtype, kv_cache_dtype)

@@ -13,12 +13,13 @@ a CUDA graph captures v2 and replays it with new lengths and tables (skipped wit
 """
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from paged_attention_ext import fallback, reference
-from paged_attention_ext.tools import testing
+from paged_attention_ext.tools import backends, conformance, testing
 from paged_attention_ext.validation import PARTITION_SIZE
 
 # 1 token, partition edges 511/512/513, 1537 (4 partitions, 1 token in the last), empty, odd.
@@ -40,6 +41,10 @@ CASES = [
 
 # (CHUNK_BYTES, PASS_LOGIT_BYTES): one partition of one row per sub-chunk and per pass; the
 # same sub-chunks, all in one pass; everything in one sub-chunk and one pass.
+# The fallback's functions called directly (not through torch.ops, where a compiled kernel would
+# answer instead).
+FALLBACK = backends.fallback_ops()
+
 CHUNKINGS = {"default": None, "tiny": (1, 1), "one_pass": (1, 1 << 40),
              "one_chunk": (1 << 40, 1 << 40)}
 
@@ -64,15 +69,9 @@ def _inputs(case, seed, seq_lens=SEQ_LENS, **kw):
                                          kv_cache_dtype=kv, use_alibi=alibi, seed=seed, **kw)
 
 
-def _check(inputs, max_num_partitions=None):
+def _check(inputs, max_num_partitions=None, ops=FALLBACK):
     """v2 (out + scratch of the partitions in use) and v1 vs the oracle, outputs NaN-filled."""
-    want = testing.call_v2(reference.paged_attention_v2, inputs,
-                           testing.alloc_v2_outputs(inputs, max_num_partitions))
-    got = testing.call_v2(fallback.paged_attention_v2, inputs,
-                          testing.alloc_v2_outputs(inputs, max_num_partitions))
-    testing.assert_v2_matches(got, want, inputs.seq_lens_list, inputs.dtype, inputs.kv_cache_dtype)
-    got_v1 = testing.call_v1(fallback.paged_attention_v1, inputs, testing.alloc_v1_outputs(inputs))
-    testing.assert_out_matches(got_v1, want.out, inputs.dtype, inputs.kv_cache_dtype, "v1 out")
+    conformance.require(*conformance.attention(ops, inputs, max_num_partitions))
 
 
 @pytest.mark.parametrize("index,case", list(enumerate(CASES)), ids=[_case_id(c) for c in CASES])
@@ -179,16 +178,11 @@ def test_reshape_and_cache_matches_oracle(dtype, kv_cache_dtype, scale_as_tensor
     slots[::3] = -1  # padding tokens, including the first
     if padding == "all":
         slots[:] = -1
-    caches = {}
-    for name, fn in (("oracle", reference.reshape_and_cache),
-                     ("fallback", fallback.reshape_and_cache)):
-        kc, vc = inputs.key_cache.clone(), inputs.value_cache.clone()
-        fn(key, value, kc, vc, slots, kv_cache_dtype, inputs.k_scale, inputs.v_scale)
-        caches[name] = (kc, vc)
-    for want, got in zip(caches["oracle"], caches["fallback"]):  # bytes (NaN slots included)
-        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    written = conformance.require(conformance.cache_write(
+        FALLBACK, "reshape_and_cache", key, value, inputs.key_cache, inputs.value_cache, slots,
+        kv_cache_dtype, inputs.k_scale, inputs.v_scale))  # bytes (NaN slots included)
     if padding == "all":
-        assert torch.equal(caches["fallback"][0].view(torch.uint8),
+        assert torch.equal(written.actual[0].view(torch.uint8),
                            inputs.key_cache.view(torch.uint8))
 
 
@@ -199,13 +193,9 @@ def test_compile_fullgraph_v1_v2():
     torch._dynamo.reset()
     case = (torch.bfloat16, "fp8_e4m3", (8, 2, 64, 16), True)
     inputs = _inputs(case, seed=9, seq_lens=[513, 0, 37], scale_as_tensor=True)
-    want = testing.call_v2(reference.paged_attention_v2, inputs, testing.alloc_v2_outputs(inputs))
-    v2 = torch.compile(fallback.paged_attention_v2, fullgraph=True, backend="aot_eager")
-    got = testing.call_v2(v2, inputs, testing.alloc_v2_outputs(inputs))
-    testing.assert_v2_matches(got, want, inputs.seq_lens_list, inputs.dtype, inputs.kv_cache_dtype)
-    v1 = torch.compile(fallback.paged_attention_v1, fullgraph=True, backend="aot_eager")
-    got_v1 = testing.call_v1(v1, inputs, testing.alloc_v1_outputs(inputs))
-    testing.assert_out_matches(got_v1, want.out, inputs.dtype, inputs.kv_cache_dtype)
+    compiled = SimpleNamespace(**{op: torch.compile(getattr(FALLBACK, op), fullgraph=True,
+                                                    backend="aot_eager") for op in ("v1", "v2")})
+    _check(inputs, ops=compiled)
 
 
 def test_compile_fullgraph_reshape_and_cache():
@@ -214,13 +204,11 @@ def test_compile_fullgraph_reshape_and_cache():
                      seq_lens=[20, 9], scale_as_tensor=True)
     key, value = torch.randn(5, 2, 64), torch.randn(5, 2, 64)
     slots = torch.tensor([3, -1, 40, 7, -1])
-    fn = torch.compile(fallback.reshape_and_cache, fullgraph=True, backend="aot_eager")
-    kc, vc = inputs.key_cache.clone(), inputs.value_cache.clone()
-    fn(key, value, kc, vc, slots, "fp8_e5m2", inputs.k_scale, inputs.v_scale)
-    kc_ref, vc_ref = inputs.key_cache.clone(), inputs.value_cache.clone()
-    reference.reshape_and_cache(key, value, kc_ref, vc_ref, slots, "fp8_e5m2", inputs.k_scale,
-                                inputs.v_scale)
-    assert torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref)
+    compiled = SimpleNamespace(reshape_and_cache=torch.compile(
+        FALLBACK.reshape_and_cache, fullgraph=True, backend="aot_eager"))
+    conformance.require(conformance.cache_write(compiled, "reshape_and_cache", key, value,
+                                                inputs.key_cache, inputs.value_cache, slots,
+                                                "fp8_e5m2", inputs.k_scale, inputs.v_scale))
 
 
 @pytest.mark.slow
@@ -229,10 +217,8 @@ def test_compile_inductor_v2():
     torch._dynamo.reset()
     case = (torch.float32, "auto", (8, 2, 64, 5), True)
     inputs = _inputs(case, seed=10, seq_lens=[600, 1, 0])
-    want = testing.call_v2(reference.paged_attention_v2, inputs, testing.alloc_v2_outputs(inputs))
-    v2 = torch.compile(fallback.paged_attention_v2, fullgraph=True)
-    got = testing.call_v2(v2, inputs, testing.alloc_v2_outputs(inputs))
-    testing.assert_v2_matches(got, want, inputs.seq_lens_list, inputs.dtype, inputs.kv_cache_dtype)
+    compiled = SimpleNamespace(v2=torch.compile(FALLBACK.v2, fullgraph=True))
+    conformance.require(conformance.v2(compiled, inputs)[0])
 
 
 def _to_device(inputs, device):
@@ -278,10 +264,5 @@ def test_block_size_not_dividing_the_partition(block_size, seq_lens):
     # (3 x 512 tokens = 512 blocks of 3) without each partition being whole blocks.
     inputs = testing.make_attention_inputs(len(seq_lens), 2, 1, 8, block_size, seq_lens,
                                            dtype=torch.bfloat16, seed=31)
-    got = testing.call_v1(fallback.paged_attention_v1, inputs, testing.alloc_v1_outputs(inputs))
-    want = testing.call_v1(reference.paged_attention_v1, inputs, testing.alloc_v1_outputs(inputs))
-    testing.assert_out_matches(got, want, inputs.dtype)
-    got2 = testing.call_v2(fallback.paged_attention_v2, inputs, testing.alloc_v2_outputs(inputs))
-    want2 = testing.call_v2(reference.paged_attention_v2, inputs,
-                            testing.alloc_v2_outputs(inputs))
-    testing.assert_v2_matches(got2, want2, inputs.seq_lens_list, inputs.dtype)
+    conformance.require(conformance.v1(FALLBACK, inputs))  # against the oracle's v1
+    _check(inputs)

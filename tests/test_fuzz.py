@@ -13,9 +13,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _backends import BACKEND_NAMES, available_backends
-from paged_attention_ext import reference
-from paged_attention_ext.tools import testing
+from paged_attention_ext.tools import backends, conformance, testing
 
 settings.register_profile("ci", max_examples=20, deadline=None, derandomize=True,
                           suppress_health_check=[HealthCheck.too_slow])
@@ -26,6 +24,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # Lengths around block and partition edges, plus anything up to three partitions.
 EDGE_LENGTHS = [0, 1, 2, 15, 16, 17, 511, 512, 513, 1023, 1024, 1025]
+# The CPU backends by name (tools.backends): the compiled CPU kernel and the fallback called
+# directly when _C is loaded, else the fallback through torch.ops.
+BACKEND_NAMES = backends.backend_names("cpu")
 
 
 @st.composite
@@ -49,39 +50,29 @@ def attention_cases(draw):
         extra_blocks=draw(st.integers(0, 4)), seed=draw(st.integers(0, 2**31 - 1)))
 
 
-def _with_extra_partitions(inputs, extra):
+def _partitions_with_extra(inputs, extra):
     """v2 scratch larger than needed (vLLM sizes it from max_seq_len over the whole batch)."""
-    return testing.alloc_v2_outputs(
-        inputs, max_num_partitions=max(1, max(map(testing.num_partitions,
-                                                  inputs.seq_lens_list))) + extra)
+    return max(1, max(map(testing.num_partitions, inputs.seq_lens_list))) + extra
 
 
 @pytest.mark.parametrize("backend", BACKEND_NAMES)
 @given(case=attention_cases(), extra_partitions=st.integers(0, 2))
 def test_v2_matches_oracle(backend, case, extra_partitions):
-    impl = available_backends()[backend]
     inputs = testing.make_attention_inputs(**case)
-    got = testing.call_v2(impl.v2, inputs, _with_extra_partitions(inputs, extra_partitions))
-    want = testing.call_v2(reference.paged_attention_v2, inputs,
-                           _with_extra_partitions(inputs, extra_partitions))
-    testing.assert_v2_matches(got, want, inputs.seq_lens_list, inputs.dtype,
-                              inputs.kv_cache_dtype)
+    conformance.require(conformance.v2(backends.backend(backend).ops, inputs,
+                                       _partitions_with_extra(inputs, extra_partitions))[0])
 
 
 @pytest.mark.parametrize("backend", BACKEND_NAMES)
 @given(case=attention_cases())
 def test_v1_matches_oracle(backend, case):
-    impl = available_backends()[backend]
     inputs = testing.make_attention_inputs(**case)
-    got = testing.call_v1(impl.v1, inputs, testing.alloc_v1_outputs(inputs))
-    want = testing.call_v1(reference.paged_attention_v1, inputs, testing.alloc_v1_outputs(inputs))
-    testing.assert_out_matches(got, want, inputs.dtype, inputs.kv_cache_dtype)
+    conformance.require(conformance.v1(backends.backend(backend).ops, inputs))
 
 
 @pytest.mark.parametrize("backend", BACKEND_NAMES)
 @given(data=st.data())
 def test_reshape_and_cache_matches_oracle(backend, data):
-    impl = available_backends()[backend]
     dtype = data.draw(st.sampled_from(sorted(DTYPES)).map(DTYPES.get))
     kv_cache_dtype = data.draw(st.sampled_from(["auto", "fp8_e4m3", "fp8_e5m2"]))
     inputs = testing.make_attention_inputs(
@@ -99,11 +90,6 @@ def test_reshape_and_cache_matches_oracle(backend, data):
     fused = torch.randn(num_tokens, 3, inputs.num_kv_heads, 32).mul_(300).to(dtype)
     key, value = fused[:, 0], fused[:, 2]
     slot_mapping = torch.tensor(slots, dtype=torch.int64)
-    got = (inputs.key_cache.clone(), inputs.value_cache.clone())
-    want = (inputs.key_cache.clone(), inputs.value_cache.clone())
-    impl.reshape_and_cache(key, value, *got, slot_mapping, kv_cache_dtype, inputs.k_scale,
-                           inputs.v_scale)
-    reference.reshape_and_cache(key, value, *want, slot_mapping, kv_cache_dtype, inputs.k_scale,
-                                inputs.v_scale)
-    for g, w in zip(got, want):  # bit-exact, NaN poison included
-        assert torch.equal(g.view(torch.uint8), w.view(torch.uint8))
+    conformance.require(conformance.cache_write(  # bit-exact, NaN poison included
+        backends.backend(backend).ops, "reshape_and_cache", key, value, inputs.key_cache,
+        inputs.value_cache, slot_mapping, kv_cache_dtype, inputs.k_scale, inputs.v_scale))

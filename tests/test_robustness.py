@@ -4,9 +4,9 @@ elements, run-to-run determinism, thread-count independence, tensors on mixed de
 import pytest
 import torch
 
-from _backends import BACKEND_NAMES, available_backends
-from paged_attention_ext import reference
-from paged_attention_ext.tools import testing
+from paged_attention_ext.tools import backends, conformance, testing
+
+BACKEND_NAMES = backends.backend_names("cpu")  # the CPU backends by name (tools.backends)
 
 
 def _large_pool_inputs(dtype, kv_cache_dtype):
@@ -38,13 +38,8 @@ def _large_pool_inputs(dtype, kv_cache_dtype):
 @pytest.mark.parametrize("dtype,kv_cache_dtype", [(torch.bfloat16, "auto"),
                                                   (torch.float32, "fp8_e4m3")])
 def test_block_offsets_beyond_int32(backend, dtype, kv_cache_dtype):
-    impl = available_backends()[backend]
     inputs = _large_pool_inputs(dtype, kv_cache_dtype)
-    want = testing.call_v2(reference.paged_attention_v2, inputs, testing.alloc_v2_outputs(inputs))
-    got = testing.call_v2(impl.v2, inputs, testing.alloc_v2_outputs(inputs))
-    testing.assert_v2_matches(got, want, inputs.seq_lens_list, dtype, kv_cache_dtype)
-    got_v1 = testing.call_v1(impl.v1, inputs, testing.alloc_v1_outputs(inputs))
-    testing.assert_out_matches(got_v1, want.out, dtype, kv_cache_dtype)
+    conformance.require(*conformance.attention(backends.backend(backend).ops, inputs))
 
 
 def _llama_like(seed):
@@ -54,7 +49,7 @@ def _llama_like(seed):
 
 @pytest.mark.parametrize("backend", BACKEND_NAMES)
 def test_bitwise_deterministic_run_to_run(backend):
-    impl = available_backends()[backend]
+    impl = backends.backend(backend).ops
     inputs = _llama_like(21)
     first = testing.call_v2(impl.v2, inputs, testing.alloc_v2_outputs(inputs))
     for _ in range(3):
@@ -67,7 +62,7 @@ def test_bitwise_deterministic_run_to_run(backend):
 
 @pytest.mark.parametrize("backend", BACKEND_NAMES)
 def test_one_and_two_threads_agree(backend):
-    impl = available_backends()[backend]
+    impl = backends.backend(backend).ops
     inputs = _llama_like(22)
     threads = torch.get_num_threads()
     try:
