@@ -5,37 +5,36 @@ compute it (the CPU kernel's variants are checked case by case in tests/test_cpu
 CUDA kernel's in tests/test_cuda_kernels.py), never a dense result.
 """
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from paged_attention_ext import api, fallback, reference, vllm_compat
-from paged_attention_ext.tools import testing
+from paged_attention_ext.tools import backends, conformance, testing
 from paged_attention_ext.validation import Blocksparse
 from test_fallback import chunking  # noqa: F401  (the fallback's chunkings, a fixture)
 from test_blocksparse_reference import CASES, _inputs, _mask, _poison_skipped
 
 
-def _check(v1, v2, inputs, sparse):
-    """v1 / v2 functions (ops or fallback) against the oracle; outputs NaN-filled."""
-    want = testing.call_v2(reference.paged_attention_v2, inputs, testing.alloc_v2_outputs(inputs),
-                           sparse)
-    got = testing.call_v2(v2, inputs, testing.alloc_v2_outputs(inputs), sparse)
-    testing.assert_v2_matches(got, want, inputs.seq_lens_list, inputs.dtype, inputs.kv_cache_dtype)
-    got_v1 = testing.call_v1(v1, inputs, testing.alloc_v1_outputs(inputs), sparse)
-    testing.assert_out_matches(got_v1, want.out, inputs.dtype, inputs.kv_cache_dtype, "v1 out")
+FALLBACK = backends.fallback_ops()  # the fallback's functions, called directly
+
+
+def _check(ops, inputs, sparse):
+    """ops.v1 / ops.v2 (torch.ops or the fallback) against the oracle; outputs NaN-filled."""
+    conformance.require(*conformance.attention(ops, inputs, blocksparse=sparse))
 
 
 @pytest.mark.parametrize("index,case", list(enumerate(CASES)), ids=[c[0] for c in CASES])
 def test_fallback_matches_oracle(index, case, chunking):
-    _check(fallback.paged_attention_v1, fallback.paged_attention_v2,
-           _inputs(case, seed=200 + index), case[2])
+    _check(FALLBACK, _inputs(case, seed=200 + index), case[2])
 
 
 @pytest.mark.parametrize("case", [CASES[1], CASES[5], CASES[7]], ids=lambda c: c[0])
 def test_fallback_ignores_nan_in_skipped_blocks(case, chunking):
     inputs = _inputs(case, seed=8)
     poisoned = _poison_skipped(inputs, _mask(inputs, case[2]))
-    _check(fallback.paged_attention_v1, fallback.paged_attention_v2, poisoned, case[2])
+    _check(FALLBACK, poisoned, case[2])
 
 
 def test_fallback_compiles_fullgraph():
@@ -43,11 +42,9 @@ def test_fallback_compiles_fullgraph():
     torch._dynamo.reset()
     case = CASES[2]
     inputs = _inputs(case, seed=9, seq_lens=[523, 0, 37])
-    want = testing.call_v2(reference.paged_attention_v2, inputs, testing.alloc_v2_outputs(inputs),
-                           case[2])
-    v2 = torch.compile(fallback.paged_attention_v2, fullgraph=True, backend="aot_eager")
-    got = testing.call_v2(v2, inputs, testing.alloc_v2_outputs(inputs), case[2])
-    testing.assert_v2_matches(got, want, inputs.seq_lens_list, inputs.dtype, inputs.kv_cache_dtype)
+    compiled = SimpleNamespace(v2=torch.compile(fallback.paged_attention_v2, fullgraph=True,
+                                                backend="aot_eager"))
+    conformance.require(conformance.v2(compiled, inputs, blocksparse=case[2])[0])
 
 
 # ---- who serves a blocksparse call ----
@@ -67,7 +64,7 @@ def test_ops_compute_blocksparse(device):
             f: getattr(inputs, f).to(device) for f in
             ("query", "key_cache", "value_cache", "block_tables", "seq_lens", "alibi_slopes")
             if getattr(inputs, f) is not None}})
-    _check(torch.ops.paged_attn.v1, torch.ops.paged_attn.v2, inputs, case[2])
+    _check(torch.ops.paged_attn, inputs, case[2])
 
 
 def test_vllm_compat_and_api_route_blocksparse_like_the_ops():

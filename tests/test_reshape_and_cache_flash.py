@@ -5,13 +5,14 @@ for: decode on caches filled by reshape_and_cache_flash equals v1 on v1-layout c
 reshape_and_cache with the same K/V.
 """
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
-from conftest import registered_ops
 from dense_reference import FP8_TABLES
-from paged_attention_ext import api, fallback, reference
-from paged_attention_ext.tools import testing
+from paged_attention_ext import api, reference
+from paged_attention_ext.tools import backends, testing
 
 DTYPES = [  # (key dtype, kv_cache_dtype, scales as 0-dim tensors)
     (torch.float32, "auto", False),
@@ -23,10 +24,18 @@ DTYPES = [  # (key dtype, kv_cache_dtype, scales as 0-dim tensors)
 SATURATING = 6e4  # / k_scale, v_scale (0.37, 1.9) beyond both fp8 formats' max (448, 57344)
 
 
-def _flash_fns():
-    return {"reference": reference.reshape_and_cache_flash,
-            "fallback": fallback.reshape_and_cache_flash,
-            "ops": registered_ops().reshape_and_cache_flash}
+# The CPU backends by name (tools.backends): the compiled CPU kernel and the fallback called
+# directly when _C is loaded, else the fallback through torch.ops.
+CPU_BACKENDS = backends.backend_names("cpu")
+
+
+def _ops(backend):
+    """The op namespace of the backend named `backend`, or the oracle ("reference")."""
+    if backend == "reference":
+        return SimpleNamespace(reshape_and_cache=reference.reshape_and_cache,
+                               reshape_and_cache_flash=reference.reshape_and_cache_flash,
+                               v1=reference.paged_attention_v1, decode=reference.decode)
+    return backends.backend(backend).ops
 
 
 def _inputs(dtype, kv_cache_dtype, scale_as_tensor, layout, seed=0):
@@ -93,7 +102,7 @@ def _outside(storage, views):
     return storage[~covered]
 
 
-@pytest.mark.parametrize("backend", ["reference", "fallback", "ops"])
+@pytest.mark.parametrize("backend", ["reference", *CPU_BACKENDS])
 @pytest.mark.parametrize("layout", testing.DECODE_LAYOUTS)
 @pytest.mark.parametrize("dtype,kv_cache_dtype,scale_as_tensor", DTYPES,
                          ids=[f"{str(d)[6:]}-{k}" for d, k, _ in DTYPES])
@@ -108,8 +117,8 @@ def test_matches_hand_written_expectation(backend, layout, dtype, kv_cache_dtype
     want_v = _expected(inputs.value_cache, value, slots, kind, inputs.v_scale, inputs.block_size)
     outside = [_outside(s, (inputs.key_cache, inputs.value_cache)).clone() for s in inputs.storage]
 
-    _flash_fns()[backend](key, value, inputs.key_cache, inputs.value_cache, slots,
-                          kv_cache_dtype, inputs.k_scale, inputs.v_scale)
+    _ops(backend).reshape_and_cache_flash(key, value, inputs.key_cache, inputs.value_cache, slots,
+                                          kv_cache_dtype, inputs.k_scale, inputs.v_scale)
 
     for got, want in ((inputs.key_cache, want_k), (inputs.value_cache, want_v)):
         torch.testing.assert_close(_values(got, kind), _values(want, kind), rtol=0, atol=0,
@@ -133,11 +142,11 @@ def test_saturation_is_exercised():
     assert slots[1] >= 0 and key[1].abs().max() / testing.FP8_K_SCALE > 448
 
 
-@pytest.mark.parametrize("backend", ["fallback", "ops"])
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_empty_and_all_padding_calls_write_nothing(backend):
     inputs = _inputs(torch.bfloat16, "auto", False, "hnd")
     before = [s.clone() for s in inputs.storage]
-    fn = _flash_fns()[backend]
+    fn = _ops(backend).reshape_and_cache_flash
     key, value, _ = _tokens(inputs, 4, "none")
     fn(key, value, inputs.key_cache, inputs.value_cache, torch.empty(0, dtype=torch.int64))
     fn(key, value, inputs.key_cache, inputs.value_cache, torch.full((4,), -1))
@@ -147,7 +156,7 @@ def test_empty_and_all_padding_calls_write_nothing(backend):
 
 # ---- the round trip: flash-filled NHD caches + decode = reshape_and_cache-filled caches + v1 ----
 
-@pytest.mark.parametrize("backend", ["reference", "ops"])
+@pytest.mark.parametrize("backend", ["reference", *CPU_BACKENDS])
 @pytest.mark.parametrize("layout", ["nhd", "hnd", "combined", "mixed"])
 @pytest.mark.parametrize("dtype,kv_cache_dtype,scale_as_tensor",
                          [DTYPES[1], DTYPES[2], DTYPES[4]],
@@ -165,13 +174,9 @@ def test_decode_after_flash_equals_v1_after_reshape_and_cache(backend, layout, d
     gen = torch.Generator().manual_seed(4)
     key = (torch.randn(len(positions) + 1, 2, 64, generator=gen) * 2).to(dtype)
     value = (torch.randn(len(positions) + 1, 2, 64, generator=gen) * 2).to(dtype)
-    if backend == "reference":
-        fns = (reference.reshape_and_cache, reference.reshape_and_cache_flash,
-               reference.paged_attention_v1, reference.decode)
-    else:
-        ops = registered_ops()
-        fns = (ops.reshape_and_cache, ops.reshape_and_cache_flash, ops.v1, ops.decode)
-    write_v1, write_flash, v1, decode = fns
+    ops = _ops(backend)
+    write_v1, write_flash, v1, decode = (ops.reshape_and_cache, ops.reshape_and_cache_flash,
+                                         ops.v1, ops.decode)
     write_v1(key, value, legacy.key_cache, legacy.value_cache, slots, kv_cache_dtype,
              legacy.k_scale, legacy.v_scale)
     write_flash(key, value, inputs.key_cache, inputs.value_cache, slots, kv_cache_dtype,
