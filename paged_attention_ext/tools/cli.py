@@ -61,8 +61,9 @@ def _parser() -> argparse.ArgumentParser:
                             "ctx=1k/4k,block=16 (repeatable)")
     bench.add_argument("--contenders", default=None,
                        help="comma-separated subset of: ours-v2, ours-v1 (--kv-layout vllm), "
-                            "ours-decode (nhd / hnd), oracle, fallback, gather-sdpa, "
-                            "sdpa-dense (default: all that apply; sdpa-dense on CUDA only)")
+                            "ours-decode (nhd / hnd), oracle, fallback, fallback-v1 (vllm), "
+                            "gather-sdpa, sdpa-dense (default: all that apply but fallback-v1; "
+                            "sdpa-dense on CUDA only)")
     bench.add_argument("--json", metavar="PATH", help="write all results as JSON")
     bench.add_argument("--plot", metavar="FILE.png", help="GB/s vs context length (matplotlib)")
     bench.add_argument("--markdown", metavar="PATH", help="write the table as Markdown")

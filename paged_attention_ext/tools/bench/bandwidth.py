@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .timing import TimingPlan, cpu_llc_bytes, time_call
+from .timing import TimingPlan, cpu_llc_bytes, no_flush, time_call
 
 
 @dataclass
@@ -39,13 +39,6 @@ def best_of(*measurements: Bandwidth) -> Bandwidth:
                      tuple((m.read_gbps, m.copy_gbps) for m in measurements))
 
 
-class _NoFlush:
-    """The buffers dwarf every cache: flushing between calls would only add time."""
-
-    def __call__(self):
-        pass
-
-
 def buffer_bytes_for(device: str, full: bool) -> int:
     if device == "cuda":
         return 1 << 30
@@ -58,7 +51,8 @@ def measure_bandwidth(device: str, full: bool = False, buffer_bytes: int = 0) ->
     dst = torch.empty_like(src).fill_(0.0)
     plan = TimingPlan(warmup=1, max_reps=9 if full else 5, min_reps=3,
                       budget_s=5.0 if full else 1.5)
-    read = time_call(lambda: src.sum(), device, plan, _NoFlush())
-    copy = time_call(lambda: dst.copy_(src), device, plan, _NoFlush())
+    # the buffers dwarf every cache: flushing between calls would only add time
+    read = time_call(lambda: src.sum(), device, plan, no_flush)
+    copy = time_call(lambda: dst.copy_(src), device, plan, no_flush)
     nbytes = src.numel() * 4
     return Bandwidth(nbytes / read.median_ms / 1e6, 2 * nbytes / copy.median_ms / 1e6, nbytes)

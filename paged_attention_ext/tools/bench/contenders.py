@@ -88,6 +88,12 @@ def _prepare_fallback(work):
     return _prepare_by_layout(fallback)(work)
 
 
+def _prepare_fallback_v1(work):
+    from ... import fallback
+
+    return _prepare_v1(fallback.paged_attention_v1)(work)
+
+
 def _gather_dense(work: Workload):
     """K, V of every sequence as [batch, kv_heads, ctx, head] (query dtype), through the block
     tables: what a PyTorch user without a paged kernel writes."""
@@ -169,6 +175,9 @@ CONTENDERS = {
     "fallback": Contender("fallback", False, _prepare_fallback,
                           "paged_attention_ext.fallback (what torch.ops runs on a device with "
                           "no compiled kernel): paged_attention_v2, or decode on NHD / HND"),
+    "fallback-v1": Contender("fallback-v1", False, _prepare_fallback_v1,
+                             "paged_attention_ext.fallback.paged_attention_v1 (no partitions)",
+                             layouts=("vllm",)),
     "gather-sdpa": Contender("gather-sdpa", False, _prepare_gather_sdpa,
                              "gather K/V through block tables + F.scaled_dot_product_attention",
                              blocksparse=False),

@@ -3,9 +3,10 @@ summarised by the median (and the spread, to judge the noise).
 
 CPU: the last-level cache is flushed before every call by reading a buffer twice its size (so K
 and V come from DRAM, as in a real decode step where the rest of the model ran in between), and
-each call is timed with perf_counter. CUDA: L2 flushed the same way, each call timed with a pair
-of CUDA events. NOTE: the flush READS: writing would leave the cache full of dirty lines whose
-write-back would then be charged to the timed call.
+each call is timed with perf_counter (or another clock: process_time gives CPU time, steadier on
+a shared machine for single-threaded compute in cache, with no_flush). CUDA: L2 flushed the same
+way, each call timed with a pair of CUDA events. NOTE: the flush READS: writing would leave the
+cache full of dirty lines whose write-back would then be charged to the timed call.
 """
 
 from __future__ import annotations
@@ -66,6 +67,11 @@ class CacheFlusher:
         self.buffer.sum()
 
 
+def no_flush():
+    """A flusher that leaves the caches as they are: for data that dwarfs every cache, or that
+    is meant to stay in cache."""
+
+
 @dataclass(frozen=True)
 class TimingPlan:
     warmup: int         # untimed calls first
@@ -90,8 +96,10 @@ def _summarise(times_ms: list) -> Timing:
 
 
 def time_call(fn: Callable[[], object], device: str, plan: TimingPlan,
-              flusher: Optional[CacheFlusher] = None) -> Timing:
-    """Median wall time of fn() with cold caches."""
+              flusher: Optional[CacheFlusher] = None,
+              clock: Callable[[], float] = time.perf_counter) -> Timing:
+    """Median wall time of fn() with cold caches (flusher no_flush: as the caches are; clock: what
+    a CPU call is timed with, e.g. time.process_time for CPU time)."""
     flusher = flusher or CacheFlusher(device)
     for _ in range(plan.warmup):
         fn()
@@ -112,7 +120,7 @@ def time_call(fn: Callable[[], object], device: str, plan: TimingPlan,
         while len(times_ms) < plan.max_reps and (
                 len(times_ms) < plan.min_reps or time.perf_counter() - started < plan.budget_s):
             flusher()
-            begin = time.perf_counter()
+            begin = clock()
             fn()
-            times_ms.append((time.perf_counter() - begin) * 1e3)
+            times_ms.append((clock() - begin) * 1e3)
     return _summarise(times_ms)
