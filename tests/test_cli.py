@@ -313,6 +313,31 @@ def test_time_call_measures_wall_time():
     assert result.min_ms <= result.q1_ms <= result.median_ms <= result.q3_ms <= result.max_ms
 
 
+def test_time_call_with_cpu_time_leaves_sleep_out():
+    # process_time counts CPU time only: a sleeping call costs next to nothing (the clock is used)
+    plan = timing.TimingPlan(warmup=0, max_reps=3, min_reps=3, budget_s=0.0)
+    result = timing.time_call(lambda: time.sleep(0.02), "cpu", plan, timing.no_flush,
+                              clock=time.process_time)
+    assert result.reps == 3 and result.median_ms < 10.0
+
+
+def test_fallback_v1_contender_matches_the_oracle(tmp_path):
+    json_path = tmp_path / "b.json"
+    assert cli.main(["bench", "--preset", "tiny", "--no-progress", "--bandwidth-mib", "32",
+                     "--contenders", "fallback-v1", "--json", str(json_path)]) == 0
+    rows = json.loads(json_path.read_text())["results"]
+    assert rows and all(r["contender"] == "fallback-v1" and r["correct"] is True for r in rows)
+
+
+@pytest.mark.parametrize("script", ["bench_cpu.py", "bench_fallback.py"])
+def test_bench_scripts_load_the_harness(script):
+    """The scripts are thin callers of tools/bench: their imports must follow it."""
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "scripts", script), "--help"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "usage" in proc.stdout
+
+
 def test_speedups_use_vllms_pick():
     rows = [{"contender": "ours-v1", "median_ms": 2.0}, {"contender": "ours-v2", "median_ms": 4.0},
             {"contender": "oracle", "median_ms": 10.0}, {"contender": "gather-sdpa",
