@@ -67,6 +67,11 @@ def _judge(op: str, actual, expected, assert_fn, *args) -> Outcome:
     return Outcome(op, err, "", actual)
 
 
+def compare_out(op: str, actual, expected, dtype, kv_cache_dtype="auto") -> Outcome:
+    """An attention output against the oracle's, within testing.tolerances (NaN fails)."""
+    return _judge(op, actual, expected, testing.assert_out_matches, dtype, kv_cache_dtype)
+
+
 # ---- attention: v1 / v2 on vLLM's cache layout, decode on NHD-ordered caches ----
 
 def v2(ops, inputs, max_num_partitions=None, blocksparse=testing.DENSE) -> tuple:
@@ -86,8 +91,7 @@ def v1(ops, inputs, expected_out=None, blocksparse=testing.DENSE) -> Outcome:
         expected_out = testing.call_v1(reference.paged_attention_v1, inputs,
                                        testing.alloc_v1_outputs(inputs), blocksparse)
     actual = testing.call_v1(ops.v1, inputs, testing.alloc_v1_outputs(inputs), blocksparse)
-    return _judge("v1", actual, expected_out, testing.assert_out_matches, inputs.dtype,
-                  inputs.kv_cache_dtype, "v1 out")
+    return compare_out("v1", actual, expected_out, inputs.dtype, inputs.kv_cache_dtype)
 
 
 def attention(ops, inputs, max_num_partitions=None, blocksparse=testing.DENSE) -> tuple:
@@ -103,12 +107,11 @@ def decode(ops, inputs, against_v1: bool = False) -> tuple:
     layout (inputs.legacy: the contract's promise that both compute the same)."""
     expected = testing.call_decode(reference.decode, inputs, testing.alloc_v1_outputs(inputs))
     actual = testing.call_decode(ops.decode, inputs, testing.alloc_v1_outputs(inputs))
-    outcomes = (_judge("decode", actual, expected, testing.assert_out_matches, inputs.dtype,
-                       inputs.kv_cache_dtype, "decode out"),)
+    outcomes = (compare_out("decode", actual, expected, inputs.dtype, inputs.kv_cache_dtype),)
     if against_v1:
         v1_out = testing.call_v1(ops.v1, inputs.legacy, testing.alloc_v1_outputs(inputs.legacy))
-        outcomes += (_judge("decode vs v1", actual, v1_out, testing.assert_out_matches,
-                            inputs.dtype, inputs.kv_cache_dtype, "decode vs v1"),)
+        outcomes += (compare_out("decode vs v1", actual, v1_out, inputs.dtype,
+                                 inputs.kv_cache_dtype),)
     return outcomes
 
 

@@ -13,6 +13,7 @@ import torch
 
 from ... import reference
 from ...api import num_partitions
+from ..conformance import compare_out
 from ..testing import tolerances
 from .bandwidth import Bandwidth, best_of, measure_bandwidth
 from .contenders import CONTENDERS, applicable, vllm_pick
@@ -87,14 +88,10 @@ def _check(run, expected: torch.Tensor, work: Workload, device: str) -> dict:
     begin = time.perf_counter()
     peak = peak_extra_bytes(call, device)
     first_call_s = time.perf_counter() - begin
-    out = holder["out"]
-    atol, rtol = tolerances(work.query.dtype, work.kv_cache_dtype)
-    diff = (out.double() - expected.double()).abs()
-    max_err = float(diff.max()) if diff.numel() else 0.0
-    bound = atol + rtol * expected.double().abs()
-    ok = bool(torch.isfinite(out).all()) and bool((diff <= bound).all())
-    return {"max_abs_err": max_err, "atol": atol, "rtol": rtol, "correct": ok,
-            "peak_mem_bytes": peak, "first_call_s": first_call_s}
+    outcome = compare_out("out", holder["out"], expected, work.query.dtype, work.kv_cache_dtype)
+    atol, rtol = tolerances(work.query.dtype, work.kv_cache_dtype)  # reported with the result
+    return {"max_abs_err": outcome.max_abs_err, "atol": atol, "rtol": rtol,
+            "correct": outcome.passed, "peak_mem_bytes": peak, "first_call_s": first_call_s}
 
 
 def run_bench(config: BenchConfig, progress=None) -> BenchResult:
