@@ -1,6 +1,7 @@
 """`check`: run every active backend's ops (v1, v2, reshape_and_cache on vLLM's layout; decode and
 reshape_and_cache_flash on an NHD-ordered cache, NHD / HND / combined by turns) on a few fresh
 random shapes against the oracle (paged_attention_ext.reference); report max errors, pass/fail.
+The cases and the comparison are tools/conformance.py's, the one harness the tests use too.
 
 Inputs come from paged_attention_ext.tools.testing: N(0,1) q/k/v (sharp softmax), shuffled block
 tables with garbage past each row, NaN in every unused cache slot, outputs pre-filled with NaN.
