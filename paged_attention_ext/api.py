@@ -3,7 +3,7 @@ does, allocate a KV cache in the paged layout; decode over NHD / HND caches.
 
 Shapes (CONTRACT.md):
   query        [num_seqs, num_heads, head_size]
-  key_cache    [num_blocks, num_kv_heads, head_size // x, block_size, x],  x = 16 // element size
+  key_cache    [num_blocks, num_kv_heads, head_size // x, block_size, x],  x = core.key_chunk_elements
   value_cache  [num_blocks, num_kv_heads, head_size, block_size]
   block_tables int32 [num_seqs, max_blocks_per_seq];  seq_lens int32 [num_seqs]
 NHD / HND caches (paged_decode, reshape_and_cache_flash, allocate_paged_kv_cache):
@@ -18,12 +18,9 @@ from typing import Optional, Tuple, Union
 import torch
 
 from . import validation
-
-PARTITION_SIZE = 512  # tokens per v2 partition (csrc/core/params.h kPartitionSize)
+from .core import PARTITION_SIZE, cache_kind, cache_storage_dtype, key_chunk_elements
 
 Scale = Union[float, torch.Tensor]
-
-_CACHE_STORAGE_DTYPE = {"fp8": torch.uint8, "fp8_e4m3": torch.uint8, "fp8_e5m2": torch.uint8}
 
 
 def num_partitions(max_seq_len: int) -> int:
@@ -108,11 +105,7 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
 
 def _storage_dtype(fn: str, dtype: torch.dtype, kv_cache_dtype: str) -> torch.dtype:
     """What a cache stores: the model dtype ("auto") or uint8 bytes of an fp8 format."""
-    if kv_cache_dtype == "auto":
-        return dtype
-    if kv_cache_dtype in _CACHE_STORAGE_DTYPE:
-        return _CACHE_STORAGE_DTYPE[kv_cache_dtype]
-    raise ValueError(f"{fn}: unknown kv_cache_dtype {kv_cache_dtype!r}")
+    return cache_storage_dtype(cache_kind(kv_cache_dtype, fn), dtype)
 
 
 def allocate_kv_cache(num_blocks: int, num_kv_heads: int, head_size: int, block_size: int,
@@ -121,7 +114,7 @@ def allocate_kv_cache(num_blocks: int, num_kv_heads: int, head_size: int, block_
     """Zeroed (key_cache, value_cache) in the paged layout. `dtype` is the model dtype; fp8
     caches ("fp8", "fp8_e4m3", "fp8_e5m2") are stored as uint8."""
     storage = _storage_dtype("allocate_kv_cache", dtype, kv_cache_dtype)
-    x = 16 // torch.empty((), dtype=storage).element_size()
+    x = key_chunk_elements(storage)
     if head_size % x:
         raise ValueError(f"allocate_kv_cache: head_size ({head_size}) must be divisible by x ({x})")
     key_cache = torch.zeros(num_blocks, num_kv_heads, head_size // x, block_size, x,

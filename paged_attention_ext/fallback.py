@@ -56,8 +56,7 @@ import math
 import torch
 
 from . import validation
-from .core import encode_cache, inv_sum, partition_weights, scale_value
-from .validation import PARTITION_SIZE
+from .core import FP8_DTYPES, PARTITION_SIZE, encode_cache, inv_sum, partition_weights, scale_value
 
 # Budgets on a CPU. Gathered fp32 K per sub-chunk (and as much V), at most (unless one partition
 # of one row is bigger): small enough that a sub-chunk's gather, layout copy and matmul stay in
@@ -158,7 +157,7 @@ def _gather_blocks(ws, cache, block_ids):
 def _to_fp32(ws, t, kind):
     """Cache elements (contiguous) -> fp32 values, fp8 decoded (scale NOT applied)."""
     if kind != "auto":
-        t = t.view(validation.FP8_DTYPES[kind])
+        t = t.view(FP8_DTYPES[kind])
     if t.dtype == torch.float32:
         return t
     return ws.empty("fp32", t.shape, torch.float32).copy_(t)
@@ -210,7 +209,7 @@ def _gather_values(ws, value_cache, block_ids, valid, kind):
     _, kvh, head_size, block_size = value_cache.shape
     g = _gather_blocks(ws, value_cache, block_ids)  # [C' * S' * nb, kvh, d, bs]
     if kind != "auto":
-        g = g.view(validation.FP8_DTYPES[kind])
+        g = g.view(FP8_DTYPES[kind])
     g = g.view(parts, seqs, nb, kvh, head_size, block_size)
     # [C', S', 1|kvh, nb * bs] -> [C', S', nb, 1|kvh, 1, bs]
     valid = valid.view(parts, seqs, -1, nb, 1, block_size).transpose(2, 3)
@@ -248,7 +247,7 @@ def _gather_tokens_nhd(ws, cache, block_ids, kind, valid=None):
     src = cache.transpose(1, 2) if head_major else cache  # memory order
     g = _gather_blocks(ws, src, block_ids)  # the elements of src[block_ids], contiguous
     if kind != "auto":
-        g = g.view(validation.FP8_DTYPES[kind])
+        g = g.view(FP8_DTYPES[kind])
     g = g.view((parts * seqs * nb,) + tuple(src.shape[1:]))  # [n, bs, kvh, d] or [n, kvh, bs, d]
     if valid is not None:  # [C', S', 1, nb * bs] -> [n, bs], broadcast over g's dims
         valid = valid.reshape(parts * seqs * nb, block_size)

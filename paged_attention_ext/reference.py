@@ -31,8 +31,8 @@ import math
 import torch
 
 from . import validation
-from .core import decode_cache, encode_cache, inv_sum, merge_stats, partition_weights, scale_value
-from .validation import PARTITION_SIZE
+from .core import (PARTITION_SIZE, decode_cache, encode_cache, inv_sum, merge_stats,
+                   partition_weights, scale_value)
 
 _NEG_INF = float("-inf")
 

@@ -21,9 +21,9 @@ from typing import List, NamedTuple, Optional, Union
 
 import torch
 
-from .core import encode_cache
-from .validation import FP8_DTYPES  # noqa: F401  (re-exported: kv_cache_dtype -> torch fp8 dtype)
-from .validation import PARTITION_SIZE, Blocksparse, cache_dtype_for, parse_kv_cache_dtype
+from .core import FP8_DTYPES  # noqa: F401  (re-exported: cache kind -> torch fp8 dtype)
+from .core import PARTITION_SIZE, cache_storage_dtype, encode_cache, key_chunk_elements
+from .validation import Blocksparse, parse_kv_cache_dtype
 
 # NaN as an fp8 byte: 0x7F is NaN in both float8_e4m3fn (S.1111.111) and float8_e5m2 (S.11111.11).
 FP8_NAN_BYTE = 0x7F
@@ -98,8 +98,8 @@ def make_attention_inputs(num_seqs, num_heads, num_kv_heads, head_size, block_si
     block_tables = table.to(torch.int32)
 
     # Caches: values ~ N(0, 1); fp8 caches hold fp8(value / scale).
-    cache_dtype = cache_dtype_for(kind, dtype)
-    x = 16 // torch.empty((), dtype=cache_dtype).element_size()
+    cache_dtype = cache_storage_dtype(kind, dtype)
+    x = key_chunk_elements(cache_dtype)
     k_values = randn(num_blocks, num_kv_heads, head_size // x, block_size, x)
     v_values = randn(num_blocks, num_kv_heads, head_size, block_size)
     if kind == "auto":

@@ -21,17 +21,20 @@ from typing import NamedTuple
 
 import torch
 
-PARTITION_SIZE = 512  # v2 partition length in tokens (csrc/core/params.h kPartitionSize)
+from .core import PARTITION_SIZE, cache_kind, key_chunk_elements
 
-# kv_cache_dtype string -> cache kind ("auto": the cache has the query dtype; fp8: uint8 bytes).
-KV_CACHE_DTYPES = {"auto": "auto", "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
-# fp8 cache kind -> the torch dtype its uint8 bytes are viewed as.
-FP8_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+# The query (and key, value, "auto" cache) dtypes every op takes (params.h ScalarKind).
 QUERY_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+QUERY_DTYPE_NAMES = tuple(str(d).replace("torch.", "") for d in QUERY_DTYPES)  # "float32", ...
+
+
+def _where(op):
+    """The op's name as every message starts with it."""
+    return f"paged_attn.{op}"
 
 
 def _fail(op, msg):
-    raise ValueError(f"paged_attn.{op}: {msg}")
+    raise ValueError(f"{_where(op)}: {msg}")
 
 
 def _require(cond, op, msg):
@@ -54,17 +57,14 @@ def _shape(t):
     return list(t.shape)
 
 
+# 'float32, float16 or bfloat16', as the C++ messages say it.
+_QUERY_DTYPES_IN_WORDS = f"{', '.join(QUERY_DTYPE_NAMES[:-1])} or {QUERY_DTYPE_NAMES[-1]}"
+
+
 def parse_kv_cache_dtype(op, kv_cache_dtype):
-    """"auto" | "fp8" | "fp8_e4m3" | "fp8_e5m2" -> "auto" | "fp8_e4m3" | "fp8_e5m2"."""
-    kind = KV_CACHE_DTYPES.get(kv_cache_dtype)
-    _require(kind is not None, op, f"unknown kv_cache_dtype '{kv_cache_dtype}' "
-                                   "(expected 'auto', 'fp8', 'fp8_e4m3' or 'fp8_e5m2')")
-    return kind
-
-
-def cache_dtype_for(kind, query_dtype):
-    """The element dtype of the cache tensors for a cache kind."""
-    return query_dtype if kind == "auto" else torch.uint8
+    """"auto" | "fp8" | "fp8_e4m3" | "fp8_e5m2" -> "auto" | "fp8_e4m3" | "fp8_e5m2"
+    (core.cache_kind, failing in this module's words)."""
+    return cache_kind(kv_cache_dtype, _where(op))
 
 
 def _check_same_device(op, ref, ref_name, t, name):
@@ -112,7 +112,7 @@ def _check_caches(op, key_cache, value_cache, kind, elem_dtype, elem_name):
              "value_cache must be 4-D [num_blocks, num_kv_heads, head_size, block_size], "
              f"got shape {_shape(value_cache)}")
     _check_cache_dtypes(op, key_cache, value_cache, kind, elem_dtype, elem_name)
-    x = 16 // key_cache.element_size()
+    x = key_chunk_elements(key_cache.dtype)
     _require(key_cache.size(4) == x, op,
              f"key_cache.size(4) must be x = 16 / element size = {x}, got {key_cache.size(4)}")
     same_blocks = (value_cache.size(0) == key_cache.size(0)
@@ -204,7 +204,7 @@ def _check_query(op, query):
     _require(query.dim() == 3, op,
              f"query must be 3-D [num_seqs, num_heads, head_size], got shape {_shape(query)}")
     _require(query.dtype in QUERY_DTYPES, op,
-             f"query dtype {_dt(query.dtype)} must be float32, float16 or bfloat16")
+             f"query dtype {_dt(query.dtype)} must be {_QUERY_DTYPES_IN_WORDS}")
     _require(query.stride(2) == 1, op,
              f"query must have a contiguous last dim (got stride {list(query.stride())})")
 
@@ -340,7 +340,7 @@ def _check_kv_tokens(op, key, value):
     _require(key.dim() == 3, op,
              f"key shape {_shape(key)} must be [num_tokens, num_kv_heads, head_size]")
     _require(key.dtype in QUERY_DTYPES, op,
-             f"key dtype {_dt(key.dtype)} must be float32, float16 or bfloat16")
+             f"key dtype {_dt(key.dtype)} must be {_QUERY_DTYPES_IN_WORDS}")
     _require(_shape(value) == _shape(key), op,
              f"value shape {_shape(value)} must equal key shape {_shape(key)}")
     _require(value.dtype == key.dtype, op,
