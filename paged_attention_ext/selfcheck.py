@@ -19,8 +19,8 @@ import paged_attention_ext
 
 from . import reference, testing
 from .backends import Backend, active_backends
-
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+from .core import KV_CACHE_DTYPES, cache_kind, key_chunk_elements
+from .validation import QUERY_DTYPES
 
 
 @dataclass
@@ -56,10 +56,11 @@ class CaseResult:
 def head_sizes(build: Optional[dict]) -> tuple:
     """Head sizes every backend of this build takes with every cache dtype: the CUDA kernels'
     list (build_info, `build`) when CUDA kernels were compiled, else 32 to 256 (the CPU kernel and
-    the fallback take any head size), keeping those whose fp8 row is whole 16-byte vectors
-    (vLLM's x = 16 // element size; the CUDA kernels' vector loads)."""
+    the fallback take any head size), keeping those whose fp8 row is whole 16-byte chunks
+    (vLLM's x = core.key_chunk_elements of a byte cache; the CUDA kernels' vector loads)."""
     sizes = build["cuda_head_sizes"] if build and build["cuda"] else range(32, 257, 16)
-    return tuple(d for d in sizes if d % 16 == 0)
+    x = key_chunk_elements(torch.uint8)
+    return tuple(d for d in sizes if d % x == 0)
 
 
 def random_cases(rng: random.Random, count: int, sizes: tuple) -> list:
@@ -73,8 +74,8 @@ def random_cases(rng: random.Random, count: int, sizes: tuple) -> list:
         num_seqs = rng.randint(2, 5)
         lens = [rng.randint(1, 1300) for _ in range(num_seqs)]
         lens[rng.randrange(num_seqs)] = rng.choice((0, 511, 512, 513))
-        dtype = torch.float32 if i == 0 else rng.choice(DTYPES)
-        kv = "auto" if i != 2 else rng.choice(("fp8", "fp8_e4m3", "fp8_e5m2"))
+        dtype = torch.float32 if i == 0 else rng.choice(QUERY_DTYPES)
+        kv = "auto" if i != 2 else rng.choice([s for s in KV_CACHE_DTYPES if s != "auto"])
         cases.append(CaseSpec(num_seqs, kv_heads * group, kv_heads, rng.choice(sizes),
                               rng.choice((8, 16, 32)), lens, dtype, kv, use_alibi=i == 1))
     return cases
@@ -170,8 +171,9 @@ def _check_cache(backend: Backend, case: CaseSpec, seed: int, flash: bool = Fals
 
 def decoded(cache: torch.Tensor, inputs) -> torch.Tensor:
     """Cache as float64 with NaN slots zeroed (for an error figure; the verdict is bitwise)."""
-    if inputs.kv_cache_dtype != "auto":
-        cache = cache.view(testing.FP8_DTYPES[inputs.kv_cache_dtype])
+    kind = cache_kind(inputs.kv_cache_dtype, "check")
+    if kind != "auto":
+        cache = cache.view(testing.FP8_DTYPES[kind])
     return cache.double().nan_to_num(0.0)
 
 
