@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from _backends import BACKEND_NAMES, available_backends
 from paged_attention_ext import reference, testing
+from paged_attention_ext.core import cache_kind, cache_storage_dtype, key_chunk_elements
 
 settings.register_profile("ci", max_examples=20, deadline=None, derandomize=True,
                           suppress_health_check=[HealthCheck.too_slow])
@@ -31,8 +32,8 @@ EDGE_LENGTHS = [0, 1, 2, 15, 16, 17, 511, 512, 513, 1023, 1024, 1025]
 def attention_cases(draw):
     dtype_name = draw(st.sampled_from(sorted(DTYPES)))
     kv_cache_dtype = draw(st.sampled_from(["auto", "auto", "fp8", "fp8_e4m3", "fp8_e5m2"]))
-    element_size = 1 if kv_cache_dtype != "auto" else DTYPES[dtype_name].itemsize
-    x = 16 // element_size
+    x = key_chunk_elements(cache_storage_dtype(cache_kind(kv_cache_dtype, "fuzz"),
+                                               DTYPES[dtype_name]))
     num_kv_heads = draw(st.integers(1, 3))
     group = draw(st.sampled_from([1, 2, 4, 6, 8]))
     head_size = x * draw(st.integers(1, max(1, 160 // x)))

@@ -13,6 +13,7 @@ import torch
 
 from dense_reference import FP8_TABLES, dense_attention, dense_for
 from paged_attention_ext import reference, testing
+from paged_attention_ext.core import key_chunk_elements
 from paged_attention_ext.testing import V2Outputs
 
 # Lengths 1, 511/512/513 (partition edges), 1024 (2 partitions), 1537 (4 partitions, 1 token in
@@ -206,7 +207,7 @@ def test_comparison_catches_known_bugs(mutation_index):
 # ---- reshape_and_cache ----
 
 def _empty_caches(num_blocks, num_kv_heads, head_size, block_size, cache_dtype):
-    x = 16 // torch.empty((), dtype=cache_dtype).element_size()
+    x = key_chunk_elements(cache_dtype)
     fill = 0x7F if cache_dtype == torch.uint8 else float("nan")
     k = torch.full((num_blocks, num_kv_heads, head_size // x, block_size, x), fill,
                    dtype=cache_dtype)
