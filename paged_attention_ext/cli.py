@@ -161,10 +161,10 @@ def _parse_blocksparse(spec, kv_layout):
             raise ValueError(f"--blocksparse: bad item {item!r}: expected key=value with key in "
                              f"{', '.join(_BLOCKSPARSE_KEYS)}")
         values[key.strip()] = int(value)
-    from .validation import check_blocksparse
+    from .validation import Blocksparse, check_blocksparse
 
     result = tuple(values[k] for k in _BLOCKSPARSE_KEYS)
-    check_blocksparse("bench --blocksparse", *result)
+    check_blocksparse("bench --blocksparse", Blocksparse(*result))
     if result[2] <= 1:
         raise ValueError("--blocksparse: vert must be > 1 (vLLM computes dense attention "
                          "otherwise)")
