@@ -154,15 +154,15 @@ def _parse_blocksparse(spec, kv_layout):
     if kv_layout != "vllm":
         raise ValueError("--blocksparse: blocksparse attention is an argument of v1 / v2 "
                          "(--kv-layout vllm)")
-    values = {"tp_rank": 0, "local": 0, "vert": 0, "block": 64, "step": 0}
+    from .validation import DENSE, Blocksparse, check_blocksparse
+
+    values = dict(zip(_BLOCKSPARSE_KEYS, DENSE))  # unnamed keys: the ops' defaults
     for item in filter(None, (part.strip() for part in spec.split(","))):
         key, sep, value = item.partition("=")
         if not sep or key.strip() not in values:
             raise ValueError(f"--blocksparse: bad item {item!r}: expected key=value with key in "
                              f"{', '.join(_BLOCKSPARSE_KEYS)}")
         values[key.strip()] = int(value)
-    from .validation import Blocksparse, check_blocksparse
-
     result = tuple(values[k] for k in _BLOCKSPARSE_KEYS)
     check_blocksparse("bench --blocksparse", Blocksparse(*result))
     if result[2] <= 1:

@@ -176,6 +176,9 @@ class Blocksparse(NamedTuple):
 # v1 / v2's blocksparse arguments (their last ones, schema names) in Blocksparse's field order.
 BLOCKSPARSE_ARGS = V1Args._fields[-len(Blocksparse._fields):]
 
+# Their defaults (schemas.py): dense attention.
+DENSE = Blocksparse(*(V1Args._field_defaults[name] for name in BLOCKSPARSE_ARGS))
+
 _INT32_MAX = 2**31 - 1
 
 

@@ -84,6 +84,7 @@ def test_blocksparse_arguments_are_v1s_and_v2s_last():
     args = op_args.V1Args(*range(11), "auto", 1.0, 1.0, 3, 4, 5, 6, 7)
     assert validation.blocksparse_of(args) == validation.Blocksparse(3, 4, 5, 6, 7)
     assert validation.blocksparse_spec(args._replace(blocksparse_vert_stride=1)) is None
+    assert validation.DENSE == validation.Blocksparse(0, 0, 0, 64, 0)  # vLLM's defaults
 
 
 def test_keyword_call_is_the_positional_one():

@@ -19,6 +19,7 @@ from typing import Optional
 import torch
 
 from ..core import cache_kind, cache_storage_dtype, decode_cache, encode_cache, key_chunk_elements
+from ..validation import DENSE
 from .presets import Shape
 
 KV_LAYOUTS = ("vllm", "nhd", "hnd")
@@ -43,8 +44,8 @@ class Workload:
     blocksparse: Optional[tuple] = None
 
     def blocksparse_args(self) -> tuple:
-        """The five trailing v1 / v2 arguments (dense: vLLM's defaults)."""
-        return self.blocksparse or (0, 0, 0, 64, 0)
+        """The five trailing v1 / v2 arguments (dense: their defaults)."""
+        return self.blocksparse or tuple(DENSE)
     @property
     def max_seq_len(self) -> int:
         return self.shape.ctx
