@@ -8,8 +8,8 @@ names, order and defaults are read from the parsed schemas, never typed again.
              op does: positionally or by name, defaults filling the rest, TypeError for a missing
              or unknown argument.
   function   makes a Python function with the op's signature (real parameter names, defaults
-             and types) that binds its arguments to the record and calls impl(op, args): the public functions of reference.py, fallback.py and
-             integrations/vllm_compat.py.
+             and types) that binds its arguments to the record and calls impl(op, args): the
+             public functions of reference.py, fallback.py, api.py and vllm_compat.py.
 
 Every Python layer past the public signature passes (op name, record): the fake kernels,
 validation.check_args, the oracle, the fallback. tests/test_op_args.py ties the public
@@ -126,6 +126,7 @@ def function(op, impl, doc, record=None, name=None, module=None):
     bound.__defaults__ = tuple(record._field_defaults.values())  # the last fields' defaults
     bound.__module__ = module or impl.__module__
     bound.__doc__ = doc
-    bound.__annotations__ = {p.name: p.annotation for p in signature(op, record).parameters.values()}
+    parameters = signature(op, record).parameters.values()
+    bound.__annotations__ = {p.name: p.annotation for p in parameters}
     bound.__annotations__["return"] = None
     return bound
