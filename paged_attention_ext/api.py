@@ -3,7 +3,7 @@ does, allocate a KV cache in the paged layout; decode over NHD / HND caches.
 
 Shapes (CONTRACT.md):
   query        [num_seqs, num_heads, head_size]
-  key_cache    [num_blocks, num_kv_heads, head_size // x, block_size, x],  x = 16 // element size
+  key_cache    [num_blocks, num_kv_heads, head_size // x, block_size, x]  x: key_chunk_elements
   value_cache  [num_blocks, num_kv_heads, head_size, block_size]
   block_tables int32 [num_seqs, max_blocks_per_seq];  seq_lens int32 [num_seqs]
 NHD / HND caches (paged_decode, reshape_and_cache_flash, allocate_paged_kv_cache):
@@ -17,13 +17,10 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from . import validation
-
-PARTITION_SIZE = 512  # tokens per v2 partition (csrc/core/params.h kPartitionSize)
+from . import op_args, validation
+from .core import PARTITION_SIZE, cache_kind, cache_storage_dtype, key_chunk_elements
 
 Scale = Union[float, torch.Tensor]
-
-_CACHE_STORAGE_DTYPE = {"fp8": torch.uint8, "fp8_e4m3": torch.uint8, "fp8_e5m2": torch.uint8}
 
 
 def num_partitions(max_seq_len: int) -> int:
@@ -72,47 +69,41 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         raise ValueError(f"paged_attention: version must be 'v1', 'v2' or 'auto', got {version!r}")
     if out is None:
         out = torch.empty_like(query, memory_format=torch.contiguous_format)
-    common = (query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens,
-              block_size, max_seq_len, alibi_slopes, kv_cache_dtype, k_scale, v_scale,
-              tp_rank, blocksparse_local_blocks, blocksparse_vert_stride, blocksparse_block_size,
-              blocksparse_head_sliding_step)
-    if version == "v1":
-        if validate:
-            validation.check_attention_args("v1", out, None, None, None, *common)
-            validation.check_attention_data("v1", key_cache, block_tables, seq_lens, block_size)
-        torch.ops.paged_attn.v1(out, *common)
-        return out
-    partitions = num_partitions(max_seq_len)
-    exp_sums = torch.empty(num_seqs, num_heads, partitions, dtype=torch.float32,
-                           device=query.device)
-    max_logits = torch.empty_like(exp_sums)
-    tmp_out = torch.empty(num_seqs, num_heads, partitions, head_size, dtype=query.dtype,
-                          device=query.device)
-    if validate:
-        validation.check_attention_args("v2", out, exp_sums, max_logits, tmp_out, *common)
-        validation.check_attention_data("v2", key_cache, block_tables, seq_lens, block_size,
-                                        tmp_out)
-    torch.ops.paged_attn.v2(out, exp_sums, max_logits, tmp_out, *common)
+    args = op_args.V1Args(out, query, key_cache, value_cache, num_kv_heads, scale, block_tables,
+                          seq_lens, block_size, max_seq_len, alibi_slopes, kv_cache_dtype,
+                          k_scale, v_scale, tp_rank, blocksparse_local_blocks,
+                          blocksparse_vert_stride, blocksparse_block_size,
+                          blocksparse_head_sliding_step)
+    if version == "v2":
+        partitions = num_partitions(max_seq_len)
+        exp_sums = torch.empty(num_seqs, num_heads, partitions, dtype=torch.float32,
+                               device=query.device)
+        max_logits = torch.empty_like(exp_sums)
+        tmp_out = torch.empty(num_seqs, num_heads, partitions, head_size, dtype=query.dtype,
+                              device=query.device)
+        args = op_args.with_scratch(args, exp_sums, max_logits, tmp_out)
+    _run(version, args, validate)
     return out
 
 
-def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
-                      value_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                      kv_cache_dtype: str = "auto", k_scale: Scale = 1.0,
-                      v_scale: Scale = 1.0) -> None:
-    """Write key/value [num_tokens, num_kv_heads, head_size] into the paged caches at
-    slot_mapping (int64, slot = block * block_size + offset; negative slots are skipped)."""
-    torch.ops.paged_attn.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
-                                           kv_cache_dtype, k_scale, v_scale)
+def _run(op, args, validate):
+    """torch.ops.paged_attn.<op>(*args), after the argument and data checks when `validate`."""
+    if validate:
+        validation.check_args(op, args)
+        validation.check_data(op, args)
+    op_args.call_op(op, args)
+
+
+# The op's own arguments (op_args.function: schemas.py's names, order and defaults).
+reshape_and_cache = op_args.function("reshape_and_cache", op_args.call_op, """\
+Write key/value [num_tokens, num_kv_heads, head_size] into the paged caches at
+slot_mapping (int64, slot = block * block_size + offset; negative slots are skipped).""",
+                                     module=__name__)
 
 
 def _storage_dtype(fn: str, dtype: torch.dtype, kv_cache_dtype: str) -> torch.dtype:
     """What a cache stores: the model dtype ("auto") or uint8 bytes of an fp8 format."""
-    if kv_cache_dtype == "auto":
-        return dtype
-    if kv_cache_dtype in _CACHE_STORAGE_DTYPE:
-        return _CACHE_STORAGE_DTYPE[kv_cache_dtype]
-    raise ValueError(f"{fn}: unknown kv_cache_dtype {kv_cache_dtype!r}")
+    return cache_storage_dtype(cache_kind(kv_cache_dtype, fn), dtype)
 
 
 def allocate_kv_cache(num_blocks: int, num_kv_heads: int, head_size: int, block_size: int,
@@ -121,7 +112,7 @@ def allocate_kv_cache(num_blocks: int, num_kv_heads: int, head_size: int, block_
     """Zeroed (key_cache, value_cache) in the paged layout. `dtype` is the model dtype; fp8
     caches ("fp8", "fp8_e4m3", "fp8_e5m2") are stored as uint8."""
     storage = _storage_dtype("allocate_kv_cache", dtype, kv_cache_dtype)
-    x = 16 // torch.empty((), dtype=storage).element_size()
+    x = key_chunk_elements(storage)
     if head_size % x:
         raise ValueError(f"allocate_kv_cache: head_size ({head_size}) must be divisible by x ({x})")
     key_cache = torch.zeros(num_blocks, num_kv_heads, head_size // x, block_size, x,
@@ -166,12 +157,9 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
         scale = 1.0 / math.sqrt(query.shape[-1])
     if out is None:
         out = torch.empty_like(query, memory_format=torch.contiguous_format)
-    args = (out, query, key_cache, value_cache, block_tables, seq_lens, scale, alibi_slopes,
-            kv_cache_dtype, k_scale, v_scale)
-    if validate:
-        validation.check_decode_args("decode", *args)
-        validation.check_decode_data("decode", key_cache, block_tables, seq_lens)
-    torch.ops.paged_attn.decode(*args)
+    args = op_args.DecodeArgs(out, query, key_cache, value_cache, block_tables, seq_lens, scale,
+                              alibi_slopes, kv_cache_dtype, k_scale, v_scale)
+    _run("decode", args, validate)
     return out
 
 

@@ -1,5 +1,6 @@
 """The pure math every PyTorch implementation shares, mirroring csrc/core (framework-free there,
-torch ops here): the compound softmax state (compound_state.h) and the fp8 cache codec (fp8.h).
+torch ops here): the compound softmax state (compound_state.h), the fp8 cache codec (fp8.h),
+and the contract's constants and cache kinds (params.h), owned here for all of Python.
 
 The oracle (reference.py) and the fallback (fallback.py) both import this module and nothing
 from each other: the judge does not share code with what it judges beyond these few functions,
@@ -8,9 +9,41 @@ which tests/test_reference.py proves through the oracle against float64 dense at
 
 import torch
 
-from . import validation
-
 _NEG_INF = float("-inf")
+
+# ---- csrc/core/params.h: the contract's constants (tests/test_core_constants.py ties them) ----
+
+PARTITION_SIZE = 512  # v2 partition length in tokens (kPartitionSize)
+
+# kv_cache_dtype string (the ops' argument) -> cache kind (CacheKind): "auto" (the cache holds
+# the query dtype) or an fp8 format (the cache holds its uint8 bytes).
+KV_CACHE_DTYPES = {"auto": "auto", "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3",
+                   "fp8_e5m2": "fp8_e5m2"}
+# fp8 cache kind -> the torch dtype its uint8 bytes are viewed as.
+FP8_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+
+
+def cache_kind(kv_cache_dtype, where):
+    """kv_cache_dtype -> cache kind ("auto", "fp8_e4m3" or "fp8_e5m2"); anything else is a
+    ValueError "<where>: unknown kv_cache_dtype ..."."""
+    kind = KV_CACHE_DTYPES.get(kv_cache_dtype) if isinstance(kv_cache_dtype, str) else None
+    if kind is None:
+        names = [f"'{name}'" for name in KV_CACHE_DTYPES]
+        raise ValueError(f"{where}: unknown kv_cache_dtype '{kv_cache_dtype}' "
+                         f"(expected {', '.join(names[:-1])} or {names[-1]})")
+    return kind
+
+
+def cache_storage_dtype(kind, model_dtype):
+    """The element dtype of a cache of this kind: the model (query) dtype for "auto", uint8
+    bytes for fp8."""
+    return model_dtype if kind == "auto" else torch.uint8
+
+
+def key_chunk_elements(cache_dtype):
+    """x: the elements of one 16-byte chunk of a cache of element dtype `cache_dtype` (vLLM's
+    key_cache [num_blocks, num_kv_heads, head_size / x, block_size, x]; params.h `x`)."""
+    return 16 // cache_dtype.itemsize
 
 
 # ---- csrc/core/compound_state.h, vectorised over leading dims (mirror it line for line) ----
@@ -54,7 +87,7 @@ def decode_cache(t, kind, scale):
     """Cache elements -> fp32 values: 'auto' as is (scale ignored), fp8 bytes decoded * scale."""
     if kind == "auto":
         return t.float()
-    return t.view(validation.FP8_DTYPES[kind]).float() * scale
+    return t.view(FP8_DTYPES[kind]).float() * scale
 
 
 def encode_cache(t, kind, scale):
@@ -62,6 +95,6 @@ def encode_cache(t, kind, scale):
     NOTE: torch's float8 conversion does not saturate (overflow gives NaN / inf), so clamp first."""
     if kind == "auto":
         return t
-    fp8 = validation.FP8_DTYPES[kind]
+    fp8 = FP8_DTYPES[kind]
     fmax = torch.finfo(fp8).max
     return (t.float() / scale).clamp(-fmax, fmax).to(fp8).view(torch.uint8)

@@ -55,9 +55,8 @@ import math
 
 import torch
 
-from . import validation
-from .core import encode_cache, inv_sum, partition_weights, scale_value
-from .validation import PARTITION_SIZE
+from . import op_args, validation
+from .core import FP8_DTYPES, PARTITION_SIZE, encode_cache, inv_sum, partition_weights, scale_value
 
 # Budgets on a CPU. Gathered fp32 K per sub-chunk (and as much V), at most (unless one partition
 # of one row is bigger): small enough that a sub-chunk's gather, layout copy and matmul stay in
@@ -158,7 +157,7 @@ def _gather_blocks(ws, cache, block_ids):
 def _to_fp32(ws, t, kind):
     """Cache elements (contiguous) -> fp32 values, fp8 decoded (scale NOT applied)."""
     if kind != "auto":
-        t = t.view(validation.FP8_DTYPES[kind])
+        t = t.view(FP8_DTYPES[kind])
     if t.dtype == torch.float32:
         return t
     return ws.empty("fp32", t.shape, torch.float32).copy_(t)
@@ -210,7 +209,7 @@ def _gather_values(ws, value_cache, block_ids, valid, kind):
     _, kvh, head_size, block_size = value_cache.shape
     g = _gather_blocks(ws, value_cache, block_ids)  # [C' * S' * nb, kvh, d, bs]
     if kind != "auto":
-        g = g.view(validation.FP8_DTYPES[kind])
+        g = g.view(FP8_DTYPES[kind])
     g = g.view(parts, seqs, nb, kvh, head_size, block_size)
     # [C', S', 1|kvh, nb * bs] -> [C', S', nb, 1|kvh, 1, bs]
     valid = valid.view(parts, seqs, -1, nb, 1, block_size).transpose(2, 3)
@@ -248,7 +247,7 @@ def _gather_tokens_nhd(ws, cache, block_ids, kind, valid=None):
     src = cache.transpose(1, 2) if head_major else cache  # memory order
     g = _gather_blocks(ws, src, block_ids)  # the elements of src[block_ids], contiguous
     if kind != "auto":
-        g = g.view(validation.FP8_DTYPES[kind])
+        g = g.view(FP8_DTYPES[kind])
     g = g.view((parts * seqs * nb,) + tuple(src.shape[1:]))  # [n, bs, kvh, d] or [n, kvh, bs, d]
     if valid is not None:  # [C', S', 1, nb * bs] -> [n, bs], broadcast over g's dims
         valid = valid.reshape(parts * seqs * nb, block_size)
@@ -402,23 +401,19 @@ def _bad_rows(block_tables, seq_lens, block_size, num_blocks, extent):
     return (seq_lens < 0) | (seq_lens > extent) | bad_id.any(dim=1)
 
 
-def _attention(op, out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache,
-               num_kv_heads, scale, block_tables, seq_lens, block_size, max_seq_len,
-               alibi_slopes, kv_cache_dtype, k_scale, v_scale, tp_rank, bs_local, bs_vert,
-               bs_block, bs_step):
-    kind = validation.check_attention_args(
-        op, out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, num_kv_heads,
-        scale, block_tables, seq_lens, block_size, max_seq_len, alibi_slopes, kv_cache_dtype,
-        k_scale, v_scale, tp_rank, bs_local, bs_vert, bs_block, bs_step)
-    if _run_data_checks(query.device):
-        validation.check_attention_data(op, key_cache, block_tables, seq_lens, block_size,
-                                        tmp_out)
-    sparse = validation.blocksparse_spec(tp_rank, bs_local, bs_vert, bs_block, bs_step)
-    capacity = block_tables.shape[1] * block_size
+def _attention(op, args):
+    """v1 / v2 (args: op_args.V1Args / V2Args)."""
+    a = args
+    kind = validation.check_attention_args(op, a)
+    if _run_data_checks(a.query.device):
+        validation.check_attention_data(op, a)
+    sparse = validation.blocksparse_spec(a)
+    exp_sums, max_logits, tmp_out = op_args.scratch(a)
+    capacity = a.block_tables.shape[1] * a.block_size
     extent = capacity if tmp_out is None else min(capacity, tmp_out.shape[2] * PARTITION_SIZE)
-    _compute(out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, _LEGACY_GATHER,
-             num_kv_heads, block_size, extent, scale, block_tables, seq_lens, alibi_slopes, kind,
-             k_scale, v_scale, sparse)
+    _compute(a.out, exp_sums, max_logits, tmp_out, a.query, a.key_cache, a.value_cache,
+             _LEGACY_GATHER, a.num_kv_heads, a.block_size, extent, a.scale, a.block_tables,
+             a.seq_lens, a.alibi_slopes, kind, a.k_scale, a.v_scale, sparse)
 
 
 def _compute(out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, gather,
@@ -469,80 +464,65 @@ def _compute(out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, 
     out.copy_(torch.where(bad[:, None, None], float("nan"), result))
 
 
-def paged_attention_v1(out, query, key_cache, value_cache, num_kv_heads, scale, block_tables,
-                       seq_lens, block_size, max_seq_len, alibi_slopes, kv_cache_dtype="auto",
-                       k_scale=1.0, v_scale=1.0, tp_rank=0, blocksparse_local_blocks=0,
-                       blocksparse_vert_stride=0, blocksparse_block_size=64,
-                       blocksparse_head_sliding_step=0):
-    """out [num_seqs, num_heads, head_size] <- paged attention (vLLM's v1 contract)."""
-    _attention("v1", out, None, None, None, query, key_cache, value_cache, num_kv_heads, scale,
-               block_tables, seq_lens, block_size, max_seq_len, alibi_slopes, kv_cache_dtype,
-               k_scale, v_scale, tp_rank, blocksparse_local_blocks, blocksparse_vert_stride,
-               blocksparse_block_size, blocksparse_head_sliding_step)
+# The public functions take the ops' arguments (op_args.function: schemas.py's names, order and
+# defaults, positionally or by name) and hand them on as one record.
+paged_attention_v1 = op_args.function("v1", _attention, """\
+out [num_seqs, num_heads, head_size] <- paged attention (vLLM's v1 contract).""")
+
+paged_attention_v2 = op_args.function("v2", _attention, """\
+out as v1; exp_sums / max_logits / tmp_out hold every partition's max, exp sum and output
+normalised by its exp sum (query dtype) for p < ceil(seq_len / 512); beyond: unspecified.""")
 
 
-def paged_attention_v2(out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache,
-                       num_kv_heads, scale, block_tables, seq_lens, block_size, max_seq_len,
-                       alibi_slopes, kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0, tp_rank=0,
-                       blocksparse_local_blocks=0, blocksparse_vert_stride=0,
-                       blocksparse_block_size=64, blocksparse_head_sliding_step=0):
-    """out as v1; exp_sums / max_logits / tmp_out hold every partition's max, exp sum and output
-    normalised by its exp sum (query dtype) for p < ceil(seq_len / 512); beyond: unspecified."""
-    _attention("v2", out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache,
-               num_kv_heads, scale, block_tables, seq_lens, block_size, max_seq_len,
-               alibi_slopes, kv_cache_dtype, k_scale, v_scale, tp_rank, blocksparse_local_blocks,
-               blocksparse_vert_stride, blocksparse_block_size, blocksparse_head_sliding_step)
+def _decode(op, args):
+    a = args
+    kind = validation.check_decode_args(op, a)
+    _, block_size, num_kv_heads, _ = a.key_cache.shape
+    extent = a.block_tables.shape[1] * block_size
+    if _run_data_checks(a.query.device):
+        validation.check_decode_data(op, a)
+        extent = min(extent, int(a.seq_lens.max())) if a.seq_lens.numel() else 0
+    _compute(a.out, None, None, None, a.query, a.key_cache, a.value_cache, _NHD_GATHER,
+             num_kv_heads, block_size, extent, a.scale, a.block_tables, a.seq_lens,
+             a.alibi_slopes, kind, a.k_scale, a.v_scale, None)
 
 
-def decode(out, query, key_cache, value_cache, block_tables, seq_lens, scale, alibi_slopes,
-           kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0):
-    """out [num_seqs, num_heads, head_size] <- decode attention over NHD-ordered caches
-    [num_blocks, block_size, num_kv_heads, head_size] (any strides, last dim contiguous): v1's
-    algorithm (above) with the NHD gathers. On the CPU outside tracing, where the lengths are
-    read anyway, the extent stops at the longest row instead of the block table's capacity."""
-    op = "decode"
-    kind = validation.check_decode_args(op, out, query, key_cache, value_cache, block_tables,
-                                        seq_lens, scale, alibi_slopes, kv_cache_dtype, k_scale,
-                                        v_scale)
-    _, block_size, num_kv_heads, _ = key_cache.shape
-    extent = block_tables.shape[1] * block_size
-    if _run_data_checks(query.device):
-        validation.check_decode_data(op, key_cache, block_tables, seq_lens)
-        extent = min(extent, int(seq_lens.max())) if seq_lens.numel() else 0
-    _compute(out, None, None, None, query, key_cache, value_cache, _NHD_GATHER, num_kv_heads,
-             block_size, extent, scale, block_tables, seq_lens, alibi_slopes, kind, k_scale,
-             v_scale, None)
+decode = op_args.function("decode", _decode, """\
+out [num_seqs, num_heads, head_size] <- decode attention over NHD-ordered caches
+[num_blocks, block_size, num_kv_heads, head_size] (any strides, last dim contiguous): v1's
+algorithm (above) with the NHD gathers. On the CPU outside tracing, where the lengths are
+read anyway, the extent stops at the longest row instead of the block table's capacity.""")
 
 
 # ---- reshape_and_cache ----
 
-def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype="auto",
-                      k_scale=1.0, v_scale=1.0):
-    """Write token i's key/value [num_kv_heads, head_size] into slot slot_mapping[i] of the caches.
-
-    Sync-free: every token writes (one index_put_ per cache, no boolean-mask indexing). A skipped
-    token (negative slot = padding; off the CPU also a slot >= num_slots, which the CPU rejects)
-    is redirected to the first live token's slot carrying that token's bytes (a duplicate write
-    of identical bytes), or, with no live token, rewrites slot 0 with its own current bytes.
-    """
-    op = "reshape_and_cache"
-    kind = validation.check_cache_args(op, key, value, key_cache, value_cache, slot_mapping,
-                                       kv_cache_dtype, k_scale, v_scale)
-    if _run_data_checks(key.device):
-        validation.check_cache_data(op, key_cache, slot_mapping)
+def _reshape_and_cache(op, args):
+    kind = validation.check_cache_args(op, args)
+    if _run_data_checks(args.key.device):
+        validation.check_cache_data(op, args)
+    key, key_cache, value_cache = args.key, args.key_cache, args.value_cache
     num_tokens, kvh, head_size = key.shape
     num_blocks, block_size, x = key_cache.shape[0], key_cache.shape[3], key_cache.shape[4]
     if num_tokens == 0 or num_blocks == 0:
         return
-    k = encode_cache(key, kind, scale_value(k_scale, key.device))  # [N, kvh, d]
+    k = encode_cache(key, kind, scale_value(args.k_scale, key.device))  # [N, kvh, d]
     k = k.reshape(num_tokens, kvh, head_size // x, x)  # [N, kvh, d/x, x]
-    v = encode_cache(value, kind, scale_value(v_scale, key.device))  # [N, kvh, d]
+    v = encode_cache(args.value, kind, scale_value(args.v_scale, key.device))  # [N, kvh, d]
 
-    slot, fill_rows = _sync_free_slots(slot_mapping, num_blocks * block_size)
+    slot, fill_rows = _sync_free_slots(args.slot_mapping, num_blocks * block_size)
     blocks, offsets = slot // block_size, slot % block_size
     # key_cache[b, :, :, o, :] is [kvh, d/x, x]; value_cache[b, :, :, o] is [kvh, d].
     key_cache[blocks, :, :, offsets, :] = fill_rows(k, key_cache[0, :, :, 0, :])
     value_cache[blocks, :, :, offsets] = fill_rows(v, value_cache[0, :, :, 0])
+
+
+reshape_and_cache = op_args.function("reshape_and_cache", _reshape_and_cache, """\
+Write token i's key/value [num_kv_heads, head_size] into slot slot_mapping[i] of the caches.
+
+Sync-free: every token writes (one index_put_ per cache, no boolean-mask indexing). A skipped
+token (negative slot = padding; off the CPU also a slot >= num_slots, which the CPU rejects)
+is redirected to the first live token's slot carrying that token's bytes (a duplicate write
+of identical bytes), or, with no live token, rewrites slot 0 with its own current bytes.""")
 
 
 def _sync_free_slots(slot_mapping, num_slots):
@@ -563,24 +543,26 @@ def _sync_free_slots(slot_mapping, num_slots):
     return slot, fill_rows
 
 
-def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping,
-                            kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0):
-    """Write token i's key/value [num_kv_heads, head_size] (i < slot_mapping.size(0); rows past
-    it are padding, not read) into slot slot_mapping[i] of the NHD-ordered caches (any strides:
-    the writes go through the views). Sync-free as reshape_and_cache."""
-    op = "reshape_and_cache_flash"
-    kind = validation.check_flash_cache_args(op, key, value, key_cache, value_cache,
-                                             slot_mapping, kv_cache_dtype, k_scale, v_scale)
-    if _run_data_checks(key.device):
-        validation.check_flash_cache_data(op, key_cache, slot_mapping)
-    num_tokens = slot_mapping.shape[0]
+def _reshape_and_cache_flash(op, args):
+    kind = validation.check_flash_cache_args(op, args)
+    if _run_data_checks(args.key.device):
+        validation.check_flash_cache_data(op, args)
+    key, key_cache, value_cache = args.key, args.key_cache, args.value_cache
+    num_tokens = args.slot_mapping.shape[0]
     num_blocks, block_size = key_cache.shape[:2]
     if num_tokens == 0 or num_blocks == 0:
         return
-    k = encode_cache(key[:num_tokens], kind, scale_value(k_scale, key.device))  # [N, kvh, d]
-    v = encode_cache(value[:num_tokens], kind, scale_value(v_scale, key.device))
-    slot, fill_rows = _sync_free_slots(slot_mapping, num_blocks * block_size)
+    k = encode_cache(key[:num_tokens], kind, scale_value(args.k_scale, key.device))  # [N, kvh, d]
+    v = encode_cache(args.value[:num_tokens], kind, scale_value(args.v_scale, key.device))
+    slot, fill_rows = _sync_free_slots(args.slot_mapping, num_blocks * block_size)
     blocks, offsets = slot // block_size, slot % block_size
     # key_cache[b, o] is [kvh, d].
     key_cache[blocks, offsets] = fill_rows(k, key_cache[0, 0])
     value_cache[blocks, offsets] = fill_rows(v, value_cache[0, 0])
+
+
+reshape_and_cache_flash = op_args.function("reshape_and_cache_flash", _reshape_and_cache_flash,
+                                           """\
+Write token i's key/value [num_kv_heads, head_size] (i < slot_mapping.size(0); rows past
+it are padding, not read) into slot slot_mapping[i] of the NHD-ordered caches (any strides:
+the writes go through the views). Sync-free as reshape_and_cache.""")

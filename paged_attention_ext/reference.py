@@ -30,9 +30,9 @@ import math
 
 import torch
 
-from . import validation
-from .core import decode_cache, encode_cache, inv_sum, merge_stats, partition_weights, scale_value
-from .validation import PARTITION_SIZE
+from . import op_args, validation
+from .core import (PARTITION_SIZE, decode_cache, encode_cache, inv_sum, merge_stats,
+                   partition_weights, scale_value)
 
 _NEG_INF = float("-inf")
 
@@ -124,32 +124,30 @@ def _fold_partitions(part_max, part_sum, part_out):
     return acc_out * inv_sum(acc_sum)[:, None]
 
 
-def _attention(out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, num_kv_heads,
-               scale, block_tables, seq_lens, block_size, max_seq_len, alibi_slopes,
-               kv_cache_dtype, k_scale, v_scale, tp_rank, bs_local, bs_vert, bs_block, bs_step,
-               op):
-    kind = validation.check_attention_args(
-        op, out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, num_kv_heads,
-        scale, block_tables, seq_lens, block_size, max_seq_len, alibi_slopes, kv_cache_dtype,
-        k_scale, v_scale, tp_rank, bs_local, bs_vert, bs_block, bs_step)
-    validation.check_attention_data(op, key_cache, block_tables, seq_lens, block_size, tmp_out)
-    sparse = validation.blocksparse_spec(tp_rank, bs_local, bs_vert, bs_block, bs_step)
+def _attention(op, args):
+    """v1 / v2 (args: op_args.V1Args / V2Args)."""
+    a = args
+    kind = validation.check_attention_args(op, a)
+    validation.check_attention_data(op, a)
+    sparse = validation.blocksparse_spec(a)
+    out, query, block_size = a.out, a.query, a.block_size
+    exp_sums, max_logits, tmp_out = op_args.scratch(a)
     num_heads = query.shape[1]
-    ks = scale_value(k_scale, query.device)
-    vs = scale_value(v_scale, query.device)
+    ks = scale_value(a.k_scale, query.device)
+    vs = scale_value(a.v_scale, query.device)
 
-    for s, seq_len in enumerate(seq_lens.tolist()):
+    for s, seq_len in enumerate(a.seq_lens.tolist()):
         if seq_len == 0:
             out[s].zero_()
             continue
         num_used_blocks = math.ceil(seq_len / block_size)
-        block_ids = block_tables[s, :num_used_blocks].long()
-        k, v = _gather_sequence(key_cache, value_cache, block_ids, seq_len, kind, ks, vs)
+        block_ids = a.block_tables[s, :num_used_blocks].long()
+        k, v = _gather_sequence(a.key_cache, a.value_cache, block_ids, seq_len, kind, ks, vs)
         keep = None
         if sparse is not None:  # per cache block -> per token [num_heads, seq_len]
-            keep = blocksparse_keep(sparse, seq_len, block_size, num_heads, num_kv_heads)
+            keep = blocksparse_keep(sparse, seq_len, block_size, num_heads, a.num_kv_heads)
             keep = keep.repeat_interleave(block_size, dim=1)[:, :seq_len].to(query.device)
-        part_max, part_sum, part_out = _partition_states(query[s], k, v, scale, alibi_slopes,
+        part_max, part_sum, part_out = _partition_states(query[s], k, v, a.scale, a.alibi_slopes,
                                                          seq_len, keep)
         num_parts = part_max.shape[1]
         if tmp_out is not None:  # v2: partition summaries, then the phase-2 combine
@@ -164,53 +162,40 @@ def _attention(out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache
         out[s] = result.to(out.dtype)
 
 
-def paged_attention_v1(out, query, key_cache, value_cache, num_kv_heads, scale, block_tables,
-                       seq_lens, block_size, max_seq_len, alibi_slopes, kv_cache_dtype="auto",
-                       k_scale=1.0, v_scale=1.0, tp_rank=0, blocksparse_local_blocks=0,
-                       blocksparse_vert_stride=0, blocksparse_block_size=64,
-                       blocksparse_head_sliding_step=0):
-    """out [num_seqs, num_heads, head_size] <- paged attention (vLLM's v1 contract)."""
-    _attention(out, None, None, None, query, key_cache, value_cache, num_kv_heads, scale,
-               block_tables, seq_lens, block_size, max_seq_len, alibi_slopes, kv_cache_dtype,
-               k_scale, v_scale, tp_rank, blocksparse_local_blocks, blocksparse_vert_stride,
-               blocksparse_block_size, blocksparse_head_sliding_step, "v1")
+# The public functions take the ops' arguments (op_args.function: schemas.py's names, order and
+# defaults, positionally or by name) and hand them on as one record.
+paged_attention_v1 = op_args.function("v1", _attention, """\
+out [num_seqs, num_heads, head_size] <- paged attention (vLLM's v1 contract).""")
 
-
-def paged_attention_v2(out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache,
-                       num_kv_heads, scale, block_tables, seq_lens, block_size, max_seq_len,
-                       alibi_slopes, kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0, tp_rank=0,
-                       blocksparse_local_blocks=0, blocksparse_vert_stride=0,
-                       blocksparse_block_size=64, blocksparse_head_sliding_step=0):
-    """out as v1; exp_sums / max_logits [num_seqs, num_heads, P] (fp32) and tmp_out
-    [num_seqs, num_heads, P, head_size] (query dtype, normalised per partition) for the partitions
-    p < ceil(seq_len / 512) of each row. Scratch past a row's partitions is left untouched."""
-    _attention(out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, num_kv_heads,
-               scale, block_tables, seq_lens, block_size, max_seq_len, alibi_slopes,
-               kv_cache_dtype, k_scale, v_scale, tp_rank, blocksparse_local_blocks,
-               blocksparse_vert_stride, blocksparse_block_size, blocksparse_head_sliding_step, "v2")
+paged_attention_v2 = op_args.function("v2", _attention, """\
+out as v1; exp_sums / max_logits [num_seqs, num_heads, P] (fp32) and tmp_out
+[num_seqs, num_heads, P, head_size] (query dtype, normalised per partition) for the partitions
+p < ceil(seq_len / 512) of each row. Scratch past a row's partitions is left untouched.""")
 
 
 # ---- reshape_and_cache ----
 
-def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype="auto",
-                      k_scale=1.0, v_scale=1.0):
-    """Write token i's key/value [num_kv_heads, head_size] into slot slot_mapping[i]
-    (= block * block_size + offset) of the caches; negative slots are padding and skipped."""
-    op = "reshape_and_cache"
-    kind = validation.check_cache_args(op, key, value, key_cache, value_cache, slot_mapping,
-                                       kv_cache_dtype, k_scale, v_scale)
-    validation.check_cache_data(op, key_cache, slot_mapping)
+def _reshape_and_cache(op, args):
+    kind = validation.check_cache_args(op, args)
+    validation.check_cache_data(op, args)
+    key, value, key_cache, value_cache, slot_mapping = (args.key, args.value, args.key_cache,
+                                                        args.value_cache, args.slot_mapping)
     num_tokens, kvh, head_size = key.shape
     block_size, x = key_cache.shape[3], key_cache.shape[4]
 
     tokens = (slot_mapping >= 0).nonzero().squeeze(1)
     slots = slot_mapping[tokens]
     blocks, offsets = slots // block_size, slots % block_size
-    k = encode_cache(key[tokens], kind, scale_value(k_scale, key.device))
-    v = encode_cache(value[tokens], kind, scale_value(v_scale, key.device))
+    k = encode_cache(key[tokens], kind, scale_value(args.k_scale, key.device))
+    v = encode_cache(value[tokens], kind, scale_value(args.v_scale, key.device))
     # key_cache[b, :, :, o, :] is [kvh, head_size/x, x]; value_cache[b, :, :, o] is [kvh, head_size].
     key_cache[blocks, :, :, offsets, :] = k.reshape(-1, kvh, head_size // x, x)
     value_cache[blocks, :, :, offsets] = v
+
+
+reshape_and_cache = op_args.function("reshape_and_cache", _reshape_and_cache, """\
+Write token i's key/value [num_kv_heads, head_size] into slot slot_mapping[i]
+(= block * block_size + offset) of the caches; negative slots are padding and skipped.""")
 
 
 # ---- NHD / HND caches: decode and reshape_and_cache_flash (CONTRACT.md "NHD / HND caches") ----
@@ -223,47 +208,51 @@ def _gather_sequence_nhd(cache, block_ids, seq_len, kind, scale):
     return t.reshape(nb * bs, kvh, d)[:seq_len].transpose(0, 1)  # [kvh, seq_len, d]
 
 
-def decode(out, query, key_cache, value_cache, block_tables, seq_lens, scale, alibi_slopes,
-           kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0):
-    """out [num_seqs, num_heads, head_size] <- decode attention over NHD-ordered paged caches
-    [num_blocks, block_size, num_kv_heads, head_size] (any strides, last dim contiguous);
-    the same result as v1 on the same K/V."""
-    op = "decode"
-    kind = validation.check_decode_args(op, out, query, key_cache, value_cache, block_tables,
-                                        seq_lens, scale, alibi_slopes, kv_cache_dtype, k_scale,
-                                        v_scale)
-    validation.check_decode_data(op, key_cache, block_tables, seq_lens)
-    block_size = key_cache.size(1)
-    ks = scale_value(k_scale, query.device)
-    vs = scale_value(v_scale, query.device)
+def _decode(op, args):
+    a = args
+    kind = validation.check_decode_args(op, a)
+    validation.check_decode_data(op, a)
+    out, query = a.out, a.query
+    block_size = a.key_cache.size(1)
+    ks = scale_value(a.k_scale, query.device)
+    vs = scale_value(a.v_scale, query.device)
 
-    for s, seq_len in enumerate(seq_lens.tolist()):
+    for s, seq_len in enumerate(a.seq_lens.tolist()):
         if seq_len == 0:
             out[s].zero_()
             continue
-        block_ids = block_tables[s, :math.ceil(seq_len / block_size)].long()
-        k = _gather_sequence_nhd(key_cache, block_ids, seq_len, kind, ks)
-        v = _gather_sequence_nhd(value_cache, block_ids, seq_len, kind, vs)
-        part_max, part_sum, part_out = _partition_states(query[s], k, v, scale, alibi_slopes,
+        block_ids = a.block_tables[s, :math.ceil(seq_len / block_size)].long()
+        k = _gather_sequence_nhd(a.key_cache, block_ids, seq_len, kind, ks)
+        v = _gather_sequence_nhd(a.value_cache, block_ids, seq_len, kind, vs)
+        part_max, part_sum, part_out = _partition_states(query[s], k, v, a.scale, a.alibi_slopes,
                                                          seq_len)
         out[s] = _fold_partitions(part_max, part_sum, part_out).to(out.dtype)
 
 
-def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping,
-                            kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0):
-    """Write token i's key/value [num_kv_heads, head_size] (i < slot_mapping.size(0); rows of
-    key / value past it are padding) into slot slot_mapping[i] (= block * block_size + offset)
-    of the NHD-ordered caches; negative slots are padding and skipped."""
-    op = "reshape_and_cache_flash"
-    kind = validation.check_flash_cache_args(op, key, value, key_cache, value_cache,
-                                             slot_mapping, kv_cache_dtype, k_scale, v_scale)
-    validation.check_flash_cache_data(op, key_cache, slot_mapping)
+decode = op_args.function("decode", _decode, """\
+out [num_seqs, num_heads, head_size] <- decode attention over NHD-ordered paged caches
+[num_blocks, block_size, num_kv_heads, head_size] (any strides, last dim contiguous);
+the same result as v1 on the same K/V.""")
+
+
+def _reshape_and_cache_flash(op, args):
+    kind = validation.check_flash_cache_args(op, args)
+    validation.check_flash_cache_data(op, args)
+    key, value, key_cache, slot_mapping = args.key, args.value, args.key_cache, args.slot_mapping
     block_size = key_cache.size(1)
 
     tokens = (slot_mapping >= 0).nonzero().squeeze(1)
     slots = slot_mapping[tokens]
     blocks, offsets = slots // block_size, slots % block_size
     # key_cache[b, o] is [num_kv_heads, head_size]; indexing a view writes through to its storage.
-    key_cache[blocks, offsets] = encode_cache(key[tokens], kind, scale_value(k_scale, key.device))
-    value_cache[blocks, offsets] = encode_cache(value[tokens], kind,
-                                                scale_value(v_scale, key.device))
+    key_cache[blocks, offsets] = encode_cache(key[tokens], kind,
+                                              scale_value(args.k_scale, key.device))
+    args.value_cache[blocks, offsets] = encode_cache(value[tokens], kind,
+                                                     scale_value(args.v_scale, key.device))
+
+
+reshape_and_cache_flash = op_args.function("reshape_and_cache_flash", _reshape_and_cache_flash,
+                                           """\
+Write token i's key/value [num_kv_heads, head_size] (i < slot_mapping.size(0); rows of
+key / value past it are padding) into slot slot_mapping[i] (= block * block_size + offset)
+of the NHD-ordered caches; negative slots are padding and skipped.""")

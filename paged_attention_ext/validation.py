@@ -5,7 +5,8 @@ the regexes of docs/DESIGN.md's bad-input table. The checks run in the same orde
 and say the same words (dtypes printed the C++ way: Float, Half, Int, ...), so a bad call fails
 with one message whichever backend serves it.
 
-Two kinds of check:
+Every check takes (op name, args): args the op's arguments as one record (op_args.ARGS[op]).
+Two kinds of check (check_args / check_data pick op's):
 - check_attention_args / check_cache_args (v1, v2, reshape_and_cache) and check_decode_args /
   check_flash_cache_args (decode, reshape_and_cache_flash: NHD-ordered strided caches): shapes,
   dtypes, devices, strides. They read NO tensor data, so they run on meta tensors and
@@ -21,17 +22,21 @@ from typing import NamedTuple
 
 import torch
 
-PARTITION_SIZE = 512  # v2 partition length in tokens (csrc/core/params.h kPartitionSize)
+from .core import PARTITION_SIZE, cache_kind, key_chunk_elements
+from .op_args import V1Args, scratch
 
-# kv_cache_dtype string -> cache kind ("auto": the cache has the query dtype; fp8: uint8 bytes).
-KV_CACHE_DTYPES = {"auto": "auto", "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
-# fp8 cache kind -> the torch dtype its uint8 bytes are viewed as.
-FP8_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+# The query (and key, value, "auto" cache) dtypes every op takes (params.h ScalarKind).
 QUERY_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+QUERY_DTYPE_NAMES = tuple(str(d).replace("torch.", "") for d in QUERY_DTYPES)  # "float32", ...
+
+
+def _where(op):
+    """The op's name as every message starts with it."""
+    return f"paged_attn.{op}"
 
 
 def _fail(op, msg):
-    raise ValueError(f"paged_attn.{op}: {msg}")
+    raise ValueError(f"{_where(op)}: {msg}")
 
 
 def _require(cond, op, msg):
@@ -54,17 +59,14 @@ def _shape(t):
     return list(t.shape)
 
 
+# 'float32, float16 or bfloat16', as the C++ messages say it.
+_QUERY_DTYPES_IN_WORDS = f"{', '.join(QUERY_DTYPE_NAMES[:-1])} or {QUERY_DTYPE_NAMES[-1]}"
+
+
 def parse_kv_cache_dtype(op, kv_cache_dtype):
-    """"auto" | "fp8" | "fp8_e4m3" | "fp8_e5m2" -> "auto" | "fp8_e4m3" | "fp8_e5m2"."""
-    kind = KV_CACHE_DTYPES.get(kv_cache_dtype)
-    _require(kind is not None, op, f"unknown kv_cache_dtype '{kv_cache_dtype}' "
-                                   "(expected 'auto', 'fp8', 'fp8_e4m3' or 'fp8_e5m2')")
-    return kind
-
-
-def cache_dtype_for(kind, query_dtype):
-    """The element dtype of the cache tensors for a cache kind."""
-    return query_dtype if kind == "auto" else torch.uint8
+    """"auto" | "fp8" | "fp8_e4m3" | "fp8_e5m2" -> "auto" | "fp8_e4m3" | "fp8_e5m2"
+    (core.cache_kind, failing in this module's words)."""
+    return cache_kind(kv_cache_dtype, _where(op))
 
 
 def _check_same_device(op, ref, ref_name, t, name):
@@ -112,7 +114,7 @@ def _check_caches(op, key_cache, value_cache, kind, elem_dtype, elem_name):
              "value_cache must be 4-D [num_blocks, num_kv_heads, head_size, block_size], "
              f"got shape {_shape(value_cache)}")
     _check_cache_dtypes(op, key_cache, value_cache, kind, elem_dtype, elem_name)
-    x = 16 // key_cache.element_size()
+    x = key_chunk_elements(key_cache.dtype)
     _require(key_cache.size(4) == x, op,
              f"key_cache.size(4) must be x = 16 / element size = {x}, got {key_cache.size(4)}")
     same_blocks = (value_cache.size(0) == key_cache.size(0)
@@ -171,30 +173,40 @@ class Blocksparse(NamedTuple):
     head_sliding_step: int
 
 
+# v1 / v2's blocksparse arguments (their last ones, schema names) in Blocksparse's field order.
+BLOCKSPARSE_ARGS = V1Args._fields[-len(Blocksparse._fields):]
+
+# Their defaults (schemas.py): dense attention.
+DENSE = Blocksparse(*(V1Args._field_defaults[name] for name in BLOCKSPARSE_ARGS))
+
 _INT32_MAX = 2**31 - 1
 
 
-def blocksparse_spec(tp_rank, bs_local, bs_vert, bs_block, bs_step):
-    """Blocksparse (active: vert_stride > 1) or None (dense; vLLM then ignores all five)."""
-    if bs_vert <= 1:
-        return None
-    return Blocksparse(tp_rank, bs_local, bs_vert, bs_block, bs_step)
+def blocksparse_of(args):
+    """The blocksparse arguments of a v1 / v2 record as a Blocksparse (active or not)."""
+    return Blocksparse(*(getattr(args, name) for name in BLOCKSPARSE_ARGS))
 
 
-def check_blocksparse(op, tp_rank, bs_local, bs_vert, bs_block, bs_step):
-    """The blocksparse arguments of an active call must make sense (docs/CONTRACT.md): vLLM's
-    kernel takes them as 32-bit ints and divides by the sparse block size. Inactive
-    (vert_stride <= 1): nothing is checked, as vLLM ignores them."""
-    if blocksparse_spec(tp_rank, bs_local, bs_vert, bs_block, bs_step) is None:
+def blocksparse_spec(args):
+    """Blocksparse of a v1 / v2 record when active (vert_stride > 1), else None (dense; vLLM
+    then ignores all five)."""
+    sparse = blocksparse_of(args)
+    return sparse if sparse.vert_stride > 1 else None
+
+
+def check_blocksparse(op, sparse):
+    """The blocksparse arguments (a Blocksparse) of an active call must make sense
+    (docs/CONTRACT.md): vLLM's kernel takes them as 32-bit ints and divides by the sparse block
+    size. Inactive (vert_stride <= 1): nothing is checked, as vLLM ignores them."""
+    if sparse.vert_stride <= 1:
         return
-    why = f"when blocksparse is active (blocksparse_vert_stride = {bs_vert} > 1)"
-    _require(bs_block > 0, op, f"blocksparse_block_size ({bs_block}) must be > 0 {why}")
-    _require(bs_local >= 0, op, f"blocksparse_local_blocks ({bs_local}) must be >= 0 {why}")
-    _require(tp_rank >= 0, op, f"tp_rank ({tp_rank}) must be >= 0 {why}")
-    for name, value in (("tp_rank", tp_rank), ("blocksparse_local_blocks", bs_local),
-                        ("blocksparse_vert_stride", bs_vert),
-                        ("blocksparse_block_size", bs_block),
-                        ("blocksparse_head_sliding_step", bs_step)):
+    why = f"when blocksparse is active (blocksparse_vert_stride = {sparse.vert_stride} > 1)"
+    _require(sparse.block_size > 0, op,
+             f"blocksparse_block_size ({sparse.block_size}) must be > 0 {why}")
+    _require(sparse.local_blocks >= 0, op,
+             f"blocksparse_local_blocks ({sparse.local_blocks}) must be >= 0 {why}")
+    _require(sparse.tp_rank >= 0, op, f"tp_rank ({sparse.tp_rank}) must be >= 0 {why}")
+    for name, value in zip(BLOCKSPARSE_ARGS, sparse):
         _require(abs(value) <= _INT32_MAX, op,
                  f"{name} ({value}) must fit in a 32-bit int (|value| <= {_INT32_MAX}) {why}")
 
@@ -204,7 +216,7 @@ def _check_query(op, query):
     _require(query.dim() == 3, op,
              f"query must be 3-D [num_seqs, num_heads, head_size], got shape {_shape(query)}")
     _require(query.dtype in QUERY_DTYPES, op,
-             f"query dtype {_dt(query.dtype)} must be float32, float16 or bfloat16")
+             f"query dtype {_dt(query.dtype)} must be {_QUERY_DTYPES_IN_WORDS}")
     _require(query.stride(2) == 1, op,
              f"query must have a contiguous last dim (got stride {list(query.stride())})")
 
@@ -253,41 +265,52 @@ def _check_alibi_and_scales(op, alibi_slopes, k_scale, v_scale, query):
     _check_scale(op, v_scale, "v_scale", query, "query")
 
 
-def check_attention_args(op, out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache,
-                         num_kv_heads, scale, block_tables, seq_lens, block_size, max_seq_len,
-                         alibi_slopes, kv_cache_dtype, k_scale, v_scale, tp_rank, bs_local,
-                         bs_vert, bs_block, bs_step):
-    """Shape/dtype/device/stride checks of v1 (exp_sums, max_logits, tmp_out None) or v2
-    (validate.cpp make_attention_params). Reads no tensor data, so it runs on meta tensors and
+def _check_on_device_of(op, args, ref_name, names):
+    """The tensors args.<name> are on the device of args.<ref_name>."""
+    ref = getattr(args, ref_name)
+    for name in names:
+        _check_same_device(op, ref, ref_name, getattr(args, name), name)
+
+
+# Checked against the query's device first, in this order (as validate.cpp), by attention and
+# decode; the scratch, alibi_slopes and scale tensors are checked with their own checks.
+_ON_QUERY_DEVICE = ("out", "key_cache", "value_cache", "block_tables", "seq_lens")
+
+
+def check_attention_args(op, args):
+    """Shape/dtype/device/stride checks of v1 or v2 (args: op_args.V1Args / V2Args;
+    validate.cpp make_attention_params). Reads no tensor data, so it runs on meta tensors and
     FakeTensors. Returns the cache kind ("auto", "fp8_e4m3" or "fp8_e5m2").
     Blocksparse: its arguments are checked here (the PyTorch implementations compute it); the
     compiled kernels reject every active blocksparse call instead (validate.cpp)."""
-    check_blocksparse(op, tp_rank, bs_local, bs_vert, bs_block, bs_step)
-    kind = parse_kv_cache_dtype(op, kv_cache_dtype)
+    a = args
+    check_blocksparse(op, blocksparse_of(a))
+    kind = parse_kv_cache_dtype(op, a.kv_cache_dtype)
 
     # ---- query: [num_seqs, num_heads, head_size], last dim contiguous ----
+    query, key_cache = a.query, a.key_cache
     _check_query(op, query)
     num_seqs, num_heads, head_size = query.shape
-    for name, t in (("out", out), ("key_cache", key_cache), ("value_cache", value_cache),
-                    ("block_tables", block_tables), ("seq_lens", seq_lens)):
-        _check_same_device(op, query, "query", t, name)
+    _check_on_device_of(op, a, "query", _ON_QUERY_DEVICE)
 
     # ---- heads ----
-    _check_heads(op, num_heads, num_kv_heads)
+    _check_heads(op, num_heads, a.num_kv_heads)
 
     # ---- caches ----
-    x = _check_caches(op, key_cache, value_cache, kind, query.dtype, "query")
-    _require(key_cache.size(1) == num_kv_heads, op,
-             f"num_kv_heads ({num_kv_heads}) does not match key_cache.size(1) ({key_cache.size(1)})")
-    _check_head_size(op, head_size, key_cache, value_cache, x)
-    _require(block_size == key_cache.size(3), op,
-             f"block_size ({block_size}) does not match key_cache.size(3) ({key_cache.size(3)})")
+    x = _check_caches(op, key_cache, a.value_cache, kind, query.dtype, "query")
+    _require(key_cache.size(1) == a.num_kv_heads, op,
+             f"num_kv_heads ({a.num_kv_heads}) does not match key_cache.size(1) "
+             f"({key_cache.size(1)})")
+    _check_head_size(op, head_size, key_cache, a.value_cache, x)
+    _require(a.block_size == key_cache.size(3), op,
+             f"block_size ({a.block_size}) does not match key_cache.size(3) ({key_cache.size(3)})")
 
     # ---- block table and lengths ----
-    _check_tables(op, block_tables, seq_lens, num_seqs)
+    _check_tables(op, a.block_tables, a.seq_lens, num_seqs)
 
     # ---- outputs ----
-    _check_out(op, out, query)
+    _check_out(op, a.out, query)
+    exp_sums, max_logits, tmp_out = scratch(a)
     if tmp_out is not None:  # v2 scratch
         _require(tmp_out.dim() == 4, op, f"tmp_out shape {_shape(tmp_out)} must be "
                                          "[num_seqs, num_heads, max_num_partitions, head_size]")
@@ -302,16 +325,16 @@ def check_attention_args(op, out, exp_sums, max_logits, tmp_out, query, key_cach
                        query.dtype, query)
 
     # ---- optional inputs ----
-    _check_alibi_and_scales(op, alibi_slopes, k_scale, v_scale, query)
+    _check_alibi_and_scales(op, a.alibi_slopes, a.k_scale, a.v_scale, query)
     return kind
 
 
-def check_attention_data(op, key_cache, block_tables, seq_lens, block_size, tmp_out=None):
+def _check_rows(op, key_cache, block_tables, seq_lens, block_size, tmp_out):
     """Data-dependent checks (validate.cpp check_attention_data; reads block_tables and seq_lens,
     a host sync on CUDA). Per row: 0 <= seq_len <= max_blocks_per_seq * block_size, (v2, tmp_out
     given) max_num_partitions >= ceil(seq_len / 512), every USED block id (the first
-    ceil(seq_len / block_size) entries) in [0, num_blocks). Run after check_attention_args
-    (decode: check_decode_args; num_blocks is key_cache.size(0) in both layouts)."""
+    ceil(seq_len / block_size) entries) in [0, num_blocks) (num_blocks is key_cache.size(0) in
+    both layouts)."""
     num_blocks = key_cache.size(0)
     capacity = block_tables.size(1) * block_size
     table = block_tables.cpu()
@@ -334,13 +357,20 @@ def check_attention_data(op, key_cache, block_tables, seq_lens, block_size, tmp_
                       f"[0, num_blocks = {num_blocks})")
 
 
+def check_attention_data(op, args):
+    """v1 / v2's data checks (_check_rows: lengths, used block ids, v2 scratch size). Run after
+    check_attention_args."""
+    _check_rows(op, args.key_cache, args.block_tables, args.seq_lens, args.block_size,
+                scratch(args)[2])
+
+
 def _check_kv_tokens(op, key, value):
     """key, value [num_tokens, num_kv_heads, head_size]: one shape, one fp32/fp16/bf16 dtype,
     last dim contiguous (reshape_and_cache and reshape_and_cache_flash)."""
     _require(key.dim() == 3, op,
              f"key shape {_shape(key)} must be [num_tokens, num_kv_heads, head_size]")
     _require(key.dtype in QUERY_DTYPES, op,
-             f"key dtype {_dt(key.dtype)} must be float32, float16 or bfloat16")
+             f"key dtype {_dt(key.dtype)} must be {_QUERY_DTYPES_IN_WORDS}")
     _require(_shape(value) == _shape(key), op,
              f"value shape {_shape(value)} must equal key shape {_shape(key)}")
     _require(value.dtype == key.dtype, op,
@@ -350,30 +380,43 @@ def _check_kv_tokens(op, key, value):
              f"and {list(value.stride())})")
 
 
-def check_cache_args(op, key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
-                     k_scale, v_scale):
-    """reshape_and_cache shape/dtype/device/stride checks (validate.cpp make_cache_params); reads
-    no data. key, value [num_tokens, num_kv_heads, head_size] (last dim contiguous), slot_mapping
-    int64 [num_tokens], caches as for attention. Returns the cache kind."""
-    kind = parse_kv_cache_dtype(op, kv_cache_dtype)
-    _check_kv_tokens(op, key, value)
-    for name, t in (("value", value), ("key_cache", key_cache), ("value_cache", value_cache),
-                    ("slot_mapping", slot_mapping)):
-        _check_same_device(op, key, "key", t, name)
+def _check_token_args(op, args):
+    """The start of both cache writes' checks: kv_cache_dtype, key / value (_check_kv_tokens),
+    every tensor on the key's device. Returns the cache kind."""
+    kind = parse_kv_cache_dtype(op, args.kv_cache_dtype)
+    _check_kv_tokens(op, args.key, args.value)
+    _check_on_device_of(op, args, "key", ("value", "key_cache", "value_cache", "slot_mapping"))
+    return kind
+
+
+def _check_slot_mapping_and_scales(op, args, num_tokens_ok, want):
+    """The end of both cache writes' checks: slot_mapping int64 1-D contiguous with a length
+    num_tokens_ok accepts (`want` says which), then the scales."""
+    slot_mapping = args.slot_mapping
+    _require(slot_mapping.dtype == torch.int64, op,
+             f"slot_mapping must be int64, got {_dt(slot_mapping.dtype)}")
+    _require(slot_mapping.dim() == 1 and num_tokens_ok(slot_mapping.size(0))
+             and slot_mapping.is_contiguous(), op,
+             f"slot_mapping shape {_shape(slot_mapping)} must be {want}")
+    _check_scale(op, args.k_scale, "k_scale", args.key, "key")
+    _check_scale(op, args.v_scale, "v_scale", args.key, "key")
+
+
+def check_cache_args(op, args):
+    """reshape_and_cache shape/dtype/device/stride checks (args: op_args.ReshapeAndCacheArgs;
+    validate.cpp make_cache_params); reads no data. key, value [num_tokens, num_kv_heads,
+    head_size] (last dim contiguous), slot_mapping int64 [num_tokens], caches as for attention.
+    Returns the cache kind."""
+    kind = _check_token_args(op, args)
+    key, key_cache, value_cache = args.key, args.key_cache, args.value_cache
     x = _check_caches(op, key_cache, value_cache, kind, key.dtype, "key")
     num_tokens, num_kv_heads, head_size = key.shape
     _require(num_kv_heads == key_cache.size(1), op,
              f"key shape {_shape(key)} does not match key_cache "
              f"(num_kv_heads = {key_cache.size(1)})")
     _check_head_size(op, head_size, key_cache, value_cache, x)
-    _require(slot_mapping.dtype == torch.int64, op,
-             f"slot_mapping must be int64, got {_dt(slot_mapping.dtype)}")
-    _require(slot_mapping.dim() == 1 and slot_mapping.size(0) == num_tokens
-             and slot_mapping.is_contiguous(), op,
-             f"slot_mapping shape {_shape(slot_mapping)} must be [num_tokens = {num_tokens}] "
-             "and contiguous")
-    _check_scale(op, k_scale, "k_scale", key, "key")
-    _check_scale(op, v_scale, "v_scale", key, "key")
+    _check_slot_mapping_and_scales(op, args, lambda n: n == num_tokens,
+                                   f"[num_tokens = {num_tokens}] and contiguous")
     return kind
 
 
@@ -387,9 +430,9 @@ def _check_slots(op, slot_mapping, num_slots):
                   f"[0, num_blocks * block_size = {num_slots})")
 
 
-def check_cache_data(op, key_cache, slot_mapping):
+def check_cache_data(op, args):
     """Every slot < num_blocks * block_size (negative: padding, skipped). Reads slot_mapping."""
-    _check_slots(op, slot_mapping, key_cache.size(0) * key_cache.size(3))
+    _check_slots(op, args.slot_mapping, args.key_cache.size(0) * args.key_cache.size(3))
 
 
 # ---- NHD / HND caches: decode and reshape_and_cache_flash (CONTRACT.md "NHD / HND caches") ----
@@ -421,66 +464,77 @@ def _check_flash_caches(op, key_cache, value_cache, kind, elem_dtype, elem_name)
     return block_size, num_kv_heads, head_size
 
 
-def check_decode_args(op, out, query, key_cache, value_cache, block_tables, seq_lens, scale,
-                      alibi_slopes, kv_cache_dtype, k_scale, v_scale):
-    """Shape/dtype/device/stride checks of decode (NHD-ordered strided caches; num_kv_heads and
-    block_size from the cache shape). Reads no tensor data, so it runs on meta tensors and
-    FakeTensors. Returns the cache kind ("auto", "fp8_e4m3" or "fp8_e5m2")."""
-    kind = parse_kv_cache_dtype(op, kv_cache_dtype)
+def check_decode_args(op, args):
+    """Shape/dtype/device/stride checks of decode (args: op_args.DecodeArgs; NHD-ordered strided
+    caches; num_kv_heads and block_size from the cache shape). Reads no tensor data, so it runs
+    on meta tensors and FakeTensors. Returns the cache kind ("auto", "fp8_e4m3" or "fp8_e5m2")."""
+    a = args
+    kind = parse_kv_cache_dtype(op, a.kv_cache_dtype)
+    query = a.query
     _check_query(op, query)
     num_seqs, num_heads, head_size = query.shape
-    for name, t in (("out", out), ("key_cache", key_cache), ("value_cache", value_cache),
-                    ("block_tables", block_tables), ("seq_lens", seq_lens)):
-        _check_same_device(op, query, "query", t, name)
-    _, num_kv_heads, cache_head_size = _check_flash_caches(op, key_cache, value_cache, kind,
+    _check_on_device_of(op, a, "query", _ON_QUERY_DEVICE)
+    _, num_kv_heads, cache_head_size = _check_flash_caches(op, a.key_cache, a.value_cache, kind,
                                                            query.dtype, "query")
     _check_heads(op, num_heads, num_kv_heads, ", key_cache.size(2)")
     _require(head_size == cache_head_size, op,
              f"head_size ({head_size}) does not match key_cache.size(3) ({cache_head_size})")
-    _check_tables(op, block_tables, seq_lens, num_seqs)
-    _check_out(op, out, query)
-    _check_alibi_and_scales(op, alibi_slopes, k_scale, v_scale, query)
+    _check_tables(op, a.block_tables, a.seq_lens, num_seqs)
+    _check_out(op, a.out, query)
+    _check_alibi_and_scales(op, a.alibi_slopes, a.k_scale, a.v_scale, query)
     return kind
 
 
-def check_decode_data(op, key_cache, block_tables, seq_lens):
-    """decode's data checks (check_attention_data with block_size = key_cache.size(1)): per row
+def check_decode_data(op, args):
+    """decode's data checks (_check_rows with block_size = key_cache.size(1)): per row
     0 <= seq_len <= max_blocks_per_seq * block_size and every used block id in
     [0, num_blocks). Reads block_tables and seq_lens (a host sync on CUDA)."""
-    check_attention_data(op, key_cache, block_tables, seq_lens, key_cache.size(1))
+    _check_rows(op, args.key_cache, args.block_tables, args.seq_lens, args.key_cache.size(1),
+                None)
 
 
-def check_flash_cache_args(op, key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
-                           k_scale, v_scale):
-    """reshape_and_cache_flash checks (vLLM's contract); reads no data. key, value
-    [num_tokens_padded, num_kv_heads, head_size] (last dim contiguous), slot_mapping int64
-    [num_tokens] with num_tokens <= key.size(0) (vLLM: the rows of key past slot_mapping's are
-    padding and are not read), caches NHD-ordered as for decode. Returns the cache kind."""
-    kind = parse_kv_cache_dtype(op, kv_cache_dtype)
-    _check_kv_tokens(op, key, value)
-    for name, t in (("value", value), ("key_cache", key_cache), ("value_cache", value_cache),
-                    ("slot_mapping", slot_mapping)):
-        _check_same_device(op, key, "key", t, name)
-    _, num_kv_heads, cache_head_size = _check_flash_caches(op, key_cache, value_cache, kind,
-                                                           key.dtype, "key")
+def check_flash_cache_args(op, args):
+    """reshape_and_cache_flash checks (args: op_args.ReshapeAndCacheFlashArgs; vLLM's contract);
+    reads no data. key, value [num_tokens_padded, num_kv_heads, head_size] (last dim
+    contiguous), slot_mapping int64 [num_tokens] with num_tokens <= key.size(0) (vLLM: the rows
+    of key past slot_mapping's are padding and are not read), caches NHD-ordered as for decode.
+    Returns the cache kind."""
+    kind = _check_token_args(op, args)
+    key = args.key
+    _, num_kv_heads, cache_head_size = _check_flash_caches(op, args.key_cache, args.value_cache,
+                                                           kind, key.dtype, "key")
     num_rows, key_heads, head_size = key.shape
     _require(key_heads == num_kv_heads, op,
              f"key shape {_shape(key)} does not match key_cache "
              f"(num_kv_heads = key_cache.size(2) = {num_kv_heads})")
     _require(head_size == cache_head_size, op,
              f"head_size ({head_size}) does not match key_cache.size(3) ({cache_head_size})")
-    _require(slot_mapping.dtype == torch.int64, op,
-             f"slot_mapping must be int64, got {_dt(slot_mapping.dtype)}")
-    _require(slot_mapping.dim() == 1 and slot_mapping.size(0) <= num_rows
-             and slot_mapping.is_contiguous(), op,
-             f"slot_mapping shape {_shape(slot_mapping)} must be [num_tokens] with num_tokens "
-             f"<= key.size(0) = {num_rows}, and contiguous")
-    _check_scale(op, k_scale, "k_scale", key, "key")
-    _check_scale(op, v_scale, "v_scale", key, "key")
+    _check_slot_mapping_and_scales(op, args, lambda n: n <= num_rows,
+                                   f"[num_tokens] with num_tokens <= key.size(0) = {num_rows}, "
+                                   "and contiguous")
     return kind
 
 
-def check_flash_cache_data(op, key_cache, slot_mapping):
+def check_flash_cache_data(op, args):
     """Every slot < num_blocks * block_size (block_size = key_cache.size(1); negative: padding,
     skipped). Reads slot_mapping."""
-    _check_slots(op, slot_mapping, key_cache.size(0) * key_cache.size(1))
+    _check_slots(op, args.slot_mapping, args.key_cache.size(0) * args.key_cache.size(1))
+
+
+# op -> (its argument checks, its data checks), for code that serves every op alike.
+_CHECKS = {"v1": (check_attention_args, check_attention_data),
+           "v2": (check_attention_args, check_attention_data),
+           "reshape_and_cache": (check_cache_args, check_cache_data),
+           "decode": (check_decode_args, check_decode_data),
+           "reshape_and_cache_flash": (check_flash_cache_args, check_flash_cache_data)}
+
+
+def check_args(op, args):
+    """op's shape/dtype/device/stride checks (reads no tensor data). Returns the cache kind."""
+    return _CHECKS[op][0](op, args)
+
+
+def check_data(op, args):
+    """op's data-dependent checks (reads block tables, lengths or slots: a host sync on CUDA).
+    Run after check_args."""
+    _CHECKS[op][1](op, args)

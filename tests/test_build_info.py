@@ -14,7 +14,7 @@ import torch
 
 import fatbin
 import paged_attention_ext as pa
-from paged_attention_ext import schemas, validation
+from paged_attention_ext import core, schemas
 from paged_attention_ext.tools import backends
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -88,7 +88,7 @@ def test_cuda_attention_pairs_are_the_instantiated_launchers(build):
     pairs = build["cuda_attention_pairs"]
     for dtype, kv in pairs:
         assert isinstance(getattr(torch, dtype), torch.dtype)
-        assert validation.KV_CACHE_DTYPES[kv] == kv
+        assert core.KV_CACHE_DTYPES[kv] == kv
     assert {(scalar[d], cache[k]) for d, k in pairs} == _launcher_symbols(pa._C.__file__)
     assert build["cuda_head_sizes"] == sorted(set(build["cuda_head_sizes"]))
     assert build["cuda_runtime_version"] > 0

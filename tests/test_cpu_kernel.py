@@ -19,6 +19,7 @@ import torch
 
 import paged_attention_ext
 from paged_attention_ext import reference
+from paged_attention_ext.core import key_chunk_elements
 from paged_attention_ext.tools import backends, conformance, testing
 from test_blocksparse_reference import CASES as BLOCKSPARSE_CASES
 from test_blocksparse_reference import _inputs as blocksparse_inputs
@@ -151,7 +152,7 @@ def test_concurrent_python_threads():
 
 def _cache_pair(num_blocks, kvh, d, bs, cache_dtype, seed):
     g = torch.Generator().manual_seed(seed)
-    x = 16 // torch.empty((), dtype=cache_dtype).element_size()
+    x = key_chunk_elements(cache_dtype)
     if cache_dtype == torch.uint8:
         kc = torch.randint(0, 256, (num_blocks, kvh, d // x, bs, x), generator=g).to(torch.uint8)
         vc = torch.randint(0, 256, (num_blocks, kvh, d, bs), generator=g).to(torch.uint8)

@@ -30,6 +30,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a script from anywhere
 from paged_attention_ext import reference  # noqa: E402
+from paged_attention_ext.core import key_chunk_elements  # noqa: E402
 from paged_attention_ext.tools import testing  # noqa: E402
 from paged_attention_ext.validation import parse_kv_cache_dtype  # noqa: E402
 
@@ -106,7 +107,7 @@ def write_case(path, name, inp):
     ints = dict(scalar_kind=SCALAR_KIND[inp.dtype],
                 cache_kind=CACHE_KIND[parse_kv_cache_dtype("cross", inp.kv_cache_dtype)],
                 num_seqs=inp.num_seqs, num_heads=inp.num_heads, num_kv_heads=inp.num_kv_heads,
-                head_size=inp.head_size, block_size=inp.block_size, x=16 // k.element_size(),
+                head_size=inp.head_size, block_size=inp.block_size, x=key_chunk_elements(k.dtype),
                 max_blocks_per_seq=inp.block_tables.shape[1], num_blocks=k.shape[0],
                 has_alibi=int(inp.alibi_slopes is not None),
                 kv_form=KV_FORM["token_major" if token_major else "vllm"],

@@ -24,6 +24,7 @@ import fatbin
 import paged_attention_ext
 from conftest import registered_ops
 from paged_attention_ext import reference, schemas
+from paged_attention_ext.core import key_chunk_elements
 from paged_attention_ext.tools import backends, conformance, testing
 from paged_attention_ext.tools.testing import (alloc_v1_outputs, alloc_v2_outputs,
                                                assert_out_matches, assert_v2_matches, call_v1,
@@ -277,7 +278,7 @@ def test_reshape_and_cache_matches_reference(ops, kv_cache_dtype, dtype, scale_a
     num_tokens, kvh, d, bs, num_blocks = 37, 4, 80, 16, 9
     fp8 = kv_cache_dtype != "auto"
     cache_dtype = torch.uint8 if fp8 else dtype
-    x = 16 // torch.empty((), dtype=cache_dtype).element_size()
+    x = key_chunk_elements(cache_dtype)
     key = (torch.randn(num_tokens, kvh, d, generator=gen) * 100).to(dtype).to(DEV)  # some saturate
     value = torch.randn(num_tokens, kvh, d, generator=gen).to(dtype).to(DEV)
     slots = torch.randperm(num_blocks * bs, generator=gen)[:num_tokens]

@@ -13,6 +13,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from paged_attention_ext.core import cache_kind, cache_storage_dtype, key_chunk_elements
 from paged_attention_ext.tools import backends, conformance, testing
 
 settings.register_profile("ci", max_examples=20, deadline=None, derandomize=True,
@@ -33,8 +34,8 @@ BACKEND_NAMES = backends.backend_names("cpu")
 def attention_cases(draw):
     dtype_name = draw(st.sampled_from(sorted(DTYPES)))
     kv_cache_dtype = draw(st.sampled_from(["auto", "auto", "fp8", "fp8_e4m3", "fp8_e5m2"]))
-    element_size = 1 if kv_cache_dtype != "auto" else DTYPES[dtype_name].itemsize
-    x = 16 // element_size
+    x = key_chunk_elements(cache_storage_dtype(cache_kind(kv_cache_dtype, "fuzz"),
+                                               DTYPES[dtype_name]))
     num_kv_heads = draw(st.integers(1, 3))
     group = draw(st.sampled_from([1, 2, 4, 6, 8]))
     head_size = x * draw(st.integers(1, max(1, 160 // x)))

@@ -13,6 +13,7 @@ import torch
 
 from dense_reference import FP8_TABLES, dense_attention, dense_for
 from paged_attention_ext import reference
+from paged_attention_ext.core import key_chunk_elements
 from paged_attention_ext.tools import testing
 from paged_attention_ext.tools.testing import V2Outputs
 
@@ -207,7 +208,7 @@ def test_comparison_catches_known_bugs(mutation_index):
 # ---- reshape_and_cache ----
 
 def _empty_caches(num_blocks, num_kv_heads, head_size, block_size, cache_dtype):
-    x = 16 // torch.empty((), dtype=cache_dtype).element_size()
+    x = key_chunk_elements(cache_dtype)
     fill = 0x7F if cache_dtype == torch.uint8 else float("nan")
     k = torch.full((num_blocks, num_kv_heads, head_size // x, block_size, x), fill,
                    dtype=cache_dtype)

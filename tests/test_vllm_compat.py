@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from paged_attention_ext import reference
+from paged_attention_ext.core import key_chunk_elements
 from paged_attention_ext.tools import testing
 from paged_attention_ext.integrations import vllm_compat
 
@@ -106,7 +107,7 @@ def test_reshape_and_cache_matches_oracle(paged_ops, kv_cache_dtype):
     slots = torch.randperm(num_blocks * block_size, generator=gen)[:num_tokens]
     slots[[2, 7]] = -1  # padding tokens: skipped
     storage = torch.bfloat16 if kv_cache_dtype == "auto" else torch.uint8
-    x = 16 // torch.empty((), dtype=storage).element_size()
+    x = key_chunk_elements(storage)
     fill = float("nan") if kv_cache_dtype == "auto" else testing.FP8_NAN_BYTE
     key_cache = torch.full((num_blocks, num_kv_heads, head_size // x, block_size, x), fill,
                            dtype=storage)

@@ -38,6 +38,7 @@ if not hasattr(transformers, "AttentionInterface"):  # absent in 4.50; 4.53 is t
     raise ImportError(f"paged_attention_ext.integrations.transformers needs transformers>=4.53 "
                       f"(transformers.AttentionInterface); found {transformers.__version__}")
 
+from .. import op_args  # noqa: E402
 from ..api import use_v1  # noqa: E402
 from .paged_kv_cache import PagedKVCache, StepMetadata  # noqa: E402
 
@@ -111,14 +112,12 @@ def _decode(query, key_cache, value_cache, num_kv_heads, scale, step):
     if version == "auto":
         version = "v1" if use_v1(step.max_seq_len, num_seqs, num_heads) else "v2"
     out = torch.empty(num_seqs, num_heads, head_size, dtype=query.dtype, device=query.device)
-    args = (query, key_cache, value_cache, num_kv_heads, scale, step.block_tables,
-            step.seq_lens, key_cache.size(3), step.max_seq_len, step.alibi_slopes, "auto", 1.0,
-            1.0, 0, 0, 0, 64, 0)
-    if version == "v1":
-        torch.ops.paged_attn.v1(out, *args)
-    else:
-        exp_sums, max_logits, tmp_out = step.v2_scratch(num_heads, head_size, query.dtype)
-        torch.ops.paged_attn.v2(out, exp_sums, max_logits, tmp_out, *args)
+    args = op_args.V1Args(out, query, key_cache, value_cache, num_kv_heads, scale,
+                          step.block_tables, step.seq_lens, key_cache.size(3), step.max_seq_len,
+                          step.alibi_slopes)  # the rest: the schema's defaults
+    if version == "v2":
+        args = op_args.with_scratch(args, *step.v2_scratch(num_heads, head_size, query.dtype))
+    op_args.call_op(version, args)
     return out
 
 

@@ -31,6 +31,8 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--seed", type=int, default=None, help="replay a run (printed by check)")
 
     from .bench.presets import PRESET_NAMES  # light: no torch op is touched
+    from ..core import KV_CACHE_DTYPES
+    from ..validation import QUERY_DTYPE_NAMES
 
     bench = sub.add_parser("bench", help="time decode attention against the alternatives",
                            description="Decode-attention benchmark; --quick (default) takes "
@@ -43,10 +45,10 @@ def _parser() -> argparse.ArgumentParser:
     bench.set_defaults(full=False)
     bench.add_argument("--device", choices=("cpu", "cuda"), default=None,
                        help="default: cuda when available, else cpu")
-    bench.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
+    bench.add_argument("--dtype", choices=QUERY_DTYPE_NAMES, default=None,
                        help="query / cache dtype (default: float32 on cpu, bfloat16 on cuda)")
     bench.add_argument("--kv-cache-dtype", default="auto",
-                       choices=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
+                       choices=tuple(KV_CACHE_DTYPES),
                        help="KV cache storage: the dtype itself (auto) or fp8 bytes")
     bench.add_argument("--kv-layout", choices=("vllm", "nhd", "hnd"), default="vllm",
                        help="cache layout: vllm (v1 / v2, default), nhd or hnd (decode); same "
@@ -127,12 +129,14 @@ def _bench_config(args):
     if unknown:
         raise ValueError(f"unknown contender(s) {', '.join(unknown)}; choose from "
                          f"{', '.join(contenders.CONTENDERS)}")
-    element_size = 1 if args.kv_cache_dtype != "auto" else getattr(torch, dtype_name).itemsize
+    from ..core import cache_kind, cache_storage_dtype, key_chunk_elements
+
+    x = key_chunk_elements(cache_storage_dtype(cache_kind(args.kv_cache_dtype, "bench"),
+                                               getattr(torch, dtype_name)))
     for shape in shapes:
-        if args.kv_layout == "vllm" and shape.head % (16 // element_size):
+        if args.kv_layout == "vllm" and shape.head % x:
             raise ValueError(f"head size {shape.head} must be a multiple of x = "
-                             f"{16 // element_size} for a {args.kv_cache_dtype} / {dtype_name} "
-                             "cache")
+                             f"{x} for a {args.kv_cache_dtype} / {dtype_name} cache")
     blocksparse = _parse_blocksparse(args.blocksparse, args.kv_layout)
     return BenchConfig(device=device, dtype=getattr(torch, dtype_name),
                        kv_cache_dtype=args.kv_cache_dtype, shapes=shapes, contenders=names,
@@ -151,17 +155,17 @@ def _parse_blocksparse(spec, kv_layout):
     if kv_layout != "vllm":
         raise ValueError("--blocksparse: blocksparse attention is an argument of v1 / v2 "
                          "(--kv-layout vllm)")
-    values = {"tp_rank": 0, "local": 0, "vert": 0, "block": 64, "step": 0}
+    from ..validation import DENSE, Blocksparse, check_blocksparse
+
+    values = dict(zip(_BLOCKSPARSE_KEYS, DENSE))  # unnamed keys: the ops' defaults
     for item in filter(None, (part.strip() for part in spec.split(","))):
         key, sep, value = item.partition("=")
         if not sep or key.strip() not in values:
             raise ValueError(f"--blocksparse: bad item {item!r}: expected key=value with key in "
                              f"{', '.join(_BLOCKSPARSE_KEYS)}")
         values[key.strip()] = int(value)
-    from ..validation import check_blocksparse
-
     result = tuple(values[k] for k in _BLOCKSPARSE_KEYS)
-    check_blocksparse("bench --blocksparse", *result)
+    check_blocksparse("bench --blocksparse", Blocksparse(*result))
     if result[2] <= 1:
         raise ValueError("--blocksparse: vert must be > 1 (vLLM computes dense attention "
                          "otherwise)")

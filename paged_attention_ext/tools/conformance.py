@@ -23,10 +23,9 @@ from typing import Any, Optional
 import torch
 
 from .. import reference
-from ..validation import parse_kv_cache_dtype
+from ..core import KV_CACHE_DTYPES, cache_kind, key_chunk_elements
+from ..validation import QUERY_DTYPES
 from . import testing
-
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @dataclass
@@ -119,7 +118,7 @@ def decode(ops, inputs, against_v1: bool = False) -> tuple:
 
 def decoded(cache: torch.Tensor, kv_cache_dtype: str) -> torch.Tensor:
     """Cache as float64 with NaN slots zeroed (for an error figure; the verdict is bitwise)."""
-    kind = parse_kv_cache_dtype("conformance", kv_cache_dtype)  # "fp8" -> "fp8_e4m3"
+    kind = cache_kind(kv_cache_dtype, "conformance")  # "fp8" -> "fp8_e4m3"
     if kind != "auto":
         cache = cache.view(testing.FP8_DTYPES[kind])
     return cache.double().nan_to_num(0.0)
@@ -179,9 +178,10 @@ def head_sizes(build: Optional[dict]) -> tuple:
     """Head sizes every backend of this build takes with every cache dtype: the CUDA kernels'
     list (build_info, `build`) when CUDA kernels were compiled, else 32 to 256 (the CPU kernel and
     the fallback take any head size), keeping those whose fp8 row is whole 16-byte vectors
-    (vLLM's x = 16 // element size; the CUDA kernels' vector loads)."""
+    (vLLM's x = core.key_chunk_elements of a byte cache; the CUDA kernels' vector loads)."""
     sizes = build["cuda_head_sizes"] if build and build["cuda"] else range(32, 257, 16)
-    return tuple(d for d in sizes if d % 16 == 0)
+    x = key_chunk_elements(torch.uint8)
+    return tuple(d for d in sizes if d % x == 0)
 
 
 def random_cases(rng: random.Random, count: int, sizes: tuple) -> list:
@@ -195,8 +195,8 @@ def random_cases(rng: random.Random, count: int, sizes: tuple) -> list:
         num_seqs = rng.randint(2, 5)
         lens = [rng.randint(1, 1300) for _ in range(num_seqs)]
         lens[rng.randrange(num_seqs)] = rng.choice((0, 511, 512, 513))
-        dtype = torch.float32 if i == 0 else rng.choice(DTYPES)
-        kv = "auto" if i != 2 else rng.choice(("fp8", "fp8_e4m3", "fp8_e5m2"))
+        dtype = torch.float32 if i == 0 else rng.choice(QUERY_DTYPES)
+        kv = "auto" if i != 2 else rng.choice([s for s in KV_CACHE_DTYPES if s != "auto"])
         cases.append(CaseSpec(num_seqs, kv_heads * group, kv_heads, rng.choice(sizes),
                               rng.choice((8, 16, 32)), lens, dtype, kv, use_alibi=i == 1))
     return cases

@@ -21,9 +21,10 @@ from typing import List, NamedTuple, Optional, Union
 
 import torch
 
-from ..core import encode_cache
-from ..validation import FP8_DTYPES  # noqa: F401  (re-exported: kv_cache_dtype -> torch fp8 dtype)
-from ..validation import PARTITION_SIZE, Blocksparse, cache_dtype_for, parse_kv_cache_dtype
+from ..core import FP8_DTYPES  # noqa: F401  (re-exported: cache kind -> torch fp8 dtype)
+from ..core import PARTITION_SIZE, cache_storage_dtype, encode_cache, key_chunk_elements
+from .. import op_args
+from ..validation import BLOCKSPARSE_ARGS, DENSE, parse_kv_cache_dtype
 
 # NaN as an fp8 byte: 0x7F is NaN in both float8_e4m3fn (S.1111.111) and float8_e5m2 (S.11111.11).
 FP8_NAN_BYTE = 0x7F
@@ -98,8 +99,8 @@ def make_attention_inputs(num_seqs, num_heads, num_kv_heads, head_size, block_si
     block_tables = table.to(torch.int32)
 
     # Caches: values ~ N(0, 1); fp8 caches hold fp8(value / scale).
-    cache_dtype = cache_dtype_for(kind, dtype)
-    x = 16 // torch.empty((), dtype=cache_dtype).element_size()
+    cache_dtype = cache_storage_dtype(kind, dtype)
+    x = key_chunk_elements(cache_dtype)
     k_values = randn(num_blocks, num_kv_heads, head_size // x, block_size, x)
     v_values = randn(num_blocks, num_kv_heads, head_size, block_size)
     if kind == "auto":
@@ -205,16 +206,11 @@ def alloc_v2_outputs(inputs, max_num_partitions=None, fill=float("nan")):
         tmp_out=torch.full((s, h, max_num_partitions, d), fill, dtype=inputs.dtype, device=dev))
 
 
-DENSE = Blocksparse(tp_rank=0, local_blocks=0, vert_stride=0, block_size=64, head_sliding_step=0)
-
-
 def _attention_args(inputs, blocksparse=DENSE):
-    """The arguments after the outputs, in vLLM's order. blocksparse: a validation.Blocksparse
-    (tp_rank, local_blocks, vert_stride, block_size, head_sliding_step); default off."""
-    i = inputs
-    return (i.query, i.key_cache, i.value_cache, i.num_kv_heads, i.scale, i.block_tables,
-            i.seq_lens, i.block_size, i.max_seq_len, i.alibi_slopes, i.kv_cache_dtype,
-            i.k_scale, i.v_scale, *blocksparse)
+    """The arguments after the outputs, in the schema's order (op_args.V1Args): the inputs'
+    fields of those names, then blocksparse (a validation.Blocksparse; default off)."""
+    names = [n for n in op_args.V1Args._fields[1:] if n not in BLOCKSPARSE_ARGS]
+    return (*(getattr(inputs, n) for n in names), *blocksparse)
 
 
 def call_v1(op_or_fn, inputs, out, blocksparse=DENSE):
@@ -395,10 +391,8 @@ def make_decode_inputs(num_seqs, num_heads, num_kv_heads, head_size, block_size,
 
 
 def decode_args(inputs):
-    """decode's arguments after `out`, in the schema's order."""
-    i = inputs
-    return (i.query, i.key_cache, i.value_cache, i.block_tables, i.seq_lens, i.scale,
-            i.alibi_slopes, i.kv_cache_dtype, i.k_scale, i.v_scale)
+    """decode's arguments after `out`, in the schema's order: the inputs' fields of those names."""
+    return tuple(getattr(inputs, n) for n in op_args.DecodeArgs._fields[1:])
 
 
 def call_decode(op_or_fn, inputs, out):

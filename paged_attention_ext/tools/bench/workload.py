@@ -18,13 +18,13 @@ from typing import Optional
 
 import torch
 
+from ...core import cache_kind, cache_storage_dtype, decode_cache, encode_cache, key_chunk_elements
+from ...validation import DENSE
 from .presets import Shape
 
 KV_LAYOUTS = ("vllm", "nhd", "hnd")
-FP8_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
-              "fp8_e5m2": torch.float8_e5m2}
-# Scales that keep N(0,1) data well inside each fp8 format's range.
-_FP8_SCALE = {"fp8": 0.05, "fp8_e4m3": 0.05, "fp8_e5m2": 0.05}
+# A scale that keeps N(0,1) data well inside every fp8 format's range.
+_FP8_SCALE = 0.05
 
 
 @dataclass
@@ -44,8 +44,8 @@ class Workload:
     blocksparse: Optional[tuple] = None
 
     def blocksparse_args(self) -> tuple:
-        """The five trailing v1 / v2 arguments (dense: vLLM's defaults)."""
-        return self.blocksparse or (0, 0, 0, 64, 0)
+        """The five trailing v1 / v2 arguments (dense: their defaults)."""
+        return self.blocksparse or tuple(DENSE)
     @property
     def max_seq_len(self) -> int:
         return self.shape.ctx
@@ -78,13 +78,10 @@ class Workload:
 
 def _random_cache(shape, dtype, kv_cache_dtype, scale, device, gen):
     """N(0,1) values in the cache's storage: the dtype itself, or fp8 bytes of value / scale."""
+    kind = cache_kind(kv_cache_dtype, "bench")
     values = torch.randn(shape, generator=gen, device=device,
-                         dtype=torch.float32 if kv_cache_dtype != "auto" else dtype)
-    if kv_cache_dtype == "auto":
-        return values
-    fp8 = FP8_DTYPES[kv_cache_dtype]
-    fmax = torch.finfo(fp8).max
-    return (values / scale).clamp(-fmax, fmax).to(fp8).view(torch.uint8)
+                         dtype=torch.float32 if kind != "auto" else dtype)
+    return encode_cache(values, kind, scale)
 
 
 def _cache_shapes(shape: Shape, num_blocks: int, x: int, kv_layout: str):
@@ -101,21 +98,19 @@ def _cache_shapes(shape: Shape, num_blocks: int, x: int, kv_layout: str):
 def make_workload(shape: Shape, dtype: torch.dtype, kv_cache_dtype: str, device: str,
                   seed: int = 0, spare_blocks: Optional[int] = None,
                   kv_layout: str = "vllm", blocksparse: Optional[tuple] = None) -> Workload:
-    if kv_cache_dtype != "auto" and kv_cache_dtype not in FP8_DTYPES:
-        raise ValueError(f"unknown kv_cache_dtype {kv_cache_dtype!r}")
+    kind = cache_kind(kv_cache_dtype, "bench")
     if blocksparse is not None and kv_layout != "vllm":
         raise ValueError("blocksparse attention is an argument of v1 / v2 (kv_layout vllm)")
     if kv_layout not in KV_LAYOUTS:
         raise ValueError(f"unknown kv_layout {kv_layout!r}; choose from {', '.join(KV_LAYOUTS)}")
     gen = torch.Generator(device=device).manual_seed(seed)
-    elt = 1 if kv_cache_dtype != "auto" else torch.empty((), dtype=dtype).element_size()
-    x = 16 // elt
+    x = key_chunk_elements(cache_storage_dtype(kind, dtype))
     if kv_layout == "vllm" and shape.head % x:
         raise ValueError(f"head size {shape.head} must be divisible by x = {x}")
     blocks_per_seq = math.ceil(shape.ctx / shape.block)
     used = shape.batch * blocks_per_seq
     num_blocks = used + (spare_blocks if spare_blocks is not None else max(1, used // 16))
-    k_scale = v_scale = _FP8_SCALE.get(kv_cache_dtype, 1.0)
+    k_scale = v_scale = 1.0 if kind == "auto" else _FP8_SCALE
 
     k_shape, v_shape, view = _cache_shapes(shape, num_blocks, x, kv_layout)
     key_cache = view(_random_cache(k_shape, dtype, kv_cache_dtype, k_scale, device, gen))
@@ -133,7 +128,7 @@ def make_workload(shape: Shape, dtype: torch.dtype, kv_cache_dtype: str, device:
 
 def decode(cache: torch.Tensor, work: Workload, scale: float) -> torch.Tensor:
     """Cache elements as the query dtype (fp8 bytes decoded and scaled)."""
-    if work.kv_cache_dtype == "auto":
+    kind = cache_kind(work.kv_cache_dtype, "bench")
+    if kind == "auto":
         return cache
-    values = cache.view(FP8_DTYPES[work.kv_cache_dtype]).to(torch.float32) * scale
-    return values.to(work.query.dtype)
+    return decode_cache(cache, kind, scale).to(work.query.dtype)

@@ -1,0 +1,132 @@
+"""Each op's arguments as one Python record, derived from schemas.py (THE list of the arguments):
+names, order and defaults are read from the parsed schemas, never typed again.
+
+  ARGS[op]   a namedtuple type per op (V1Args, V2Args, ReshapeAndCacheArgs, DecodeArgs,
+             ReshapeAndCacheFlashArgs): its fields are the schema's arguments in order, its
+             defaults those of the float-scale overload (the `.scale_tensor` one has none for
+             kv_cache_dtype / k_scale / v_scale). ARGS[op](*args, **kwargs) binds a call as the
+             op does: positionally or by name, defaults filling the rest, TypeError for a missing
+             or unknown argument.
+  function   makes a Python function with the op's signature (real parameter names, defaults
+             and types) that binds its arguments to the record and calls impl(op, args): the
+             public functions of reference.py, fallback.py, api.py and vllm_compat.py.
+
+Every Python layer past the public signature passes (op name, record): the fake kernels,
+validation.check_args, the oracle, the fallback. tests/test_op_args.py ties the public
+signatures to the schemas.
+"""
+
+import collections
+import inspect
+from typing import Optional, Union
+
+import torch
+
+from . import schemas
+
+# The Python function of each op in reference.py, fallback.py and vllm_compat (vLLM's names);
+# an op not listed here is its own name.
+_FUNCTION_NAMES = {"v1": "paged_attention_v1", "v2": "paged_attention_v2"}
+
+# Schema types -> Python annotations (for inspect.signature).
+_ANNOTATIONS = {"Tensor": torch.Tensor, "Optional[Tensor]": Optional[torch.Tensor], "int": int,
+                "float": float, "str": str}
+
+
+def function_name(op):
+    """The Python name of op's function: 'paged_attention_v1' for v1, else the op's name."""
+    return _FUNCTION_NAMES.get(op, op)
+
+
+def _overloads(op):
+    """{overload name: torch FunctionSchema} of op's schemas ('v1', 'v1.scale_tensor')."""
+    return {name: torch._C.parse_schema(f"{schemas.LIBRARY}::{name}{signature}")
+            for name, signature in schemas.SCHEMAS if name.partition(".")[0] == op}
+
+
+def _parameters(op):
+    """[(name, default or inspect.Parameter.empty, annotation)] of op, in schema order. The
+    overloads must agree on the names; defaults come from the default (float-scale) overload;
+    an argument typed differently by the overloads (k_scale: float or Tensor) is a Union."""
+    overloads = _overloads(op)
+    names = {name: [a.name for a in s.arguments] for name, s in overloads.items()}
+    if len({tuple(n) for n in names.values()}) != 1:
+        raise ValueError(f"schemas.py: the overloads of {op} name their arguments differently: "
+                         f"{names}")
+    params = []
+    default_first = [overloads[op]] + [s for name, s in overloads.items() if name != op]
+    for i, arg in enumerate(overloads[op].arguments):
+        types = tuple(dict.fromkeys(_ANNOTATIONS[str(s.arguments[i].type)]
+                                    for s in default_first))
+        default = arg.default_value if arg.has_default_value() else inspect.Parameter.empty
+        params.append((arg.name, default, types[0] if len(types) == 1 else Union[types]))
+    return params
+
+
+def record_type(op, rename=None):
+    """A namedtuple type of op's arguments (schema names, order, defaults); rename: {schema name:
+    other name} for a signature that spells some arguments its own way (the seed's `output`)."""
+    rename = rename or {}
+    params = _parameters(op)
+    type_name = "".join(part.title() for part in op.split("_")) + "Args"  # v1 -> V1Args
+    defaults = [d for _, d, _ in params if d is not inspect.Parameter.empty]
+    return collections.namedtuple(type_name, [rename.get(n, n) for n, _, _ in params],
+                                  defaults=defaults)
+
+
+ARGS = {op: record_type(op) for op in schemas.OP_NAMES}
+V1Args, V2Args = ARGS["v1"], ARGS["v2"]
+ReshapeAndCacheArgs, DecodeArgs = ARGS["reshape_and_cache"], ARGS["decode"]
+ReshapeAndCacheFlashArgs = ARGS["reshape_and_cache_flash"]
+
+
+def scratch(args):
+    """(exp_sums, max_logits, tmp_out) of v2's record, (None, None, None) of v1's: the one
+    difference between their arguments."""
+    if isinstance(args, V2Args):
+        return args.exp_sums, args.max_logits, args.tmp_out
+    return None, None, None
+
+
+def with_scratch(args, exp_sums, max_logits, tmp_out):
+    """v1's record plus v2's scratch tensors: v2's record."""
+    return V2Args(**args._asdict(), exp_sums=exp_sums, max_logits=max_logits, tmp_out=tmp_out)
+
+
+def call_op(op, args):
+    """torch.ops.paged_attn.<op>(*args): the dispatcher picks the overload and the backend."""
+    return getattr(getattr(torch.ops, schemas.LIBRARY), op)(*args)
+
+
+def signature(op, record=None):
+    """inspect.Signature of op's arguments (names from `record`, default ARGS[op]) -> None."""
+    record = record or ARGS[op]
+    return inspect.Signature(
+        [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default,
+                           annotation=annotation)
+         for name, (_, default, annotation) in zip(record._fields, _parameters(op))],
+        return_annotation=None)
+
+
+def function(op, impl, doc, record=None, name=None, module=None):
+    """A Python function of op with signature(op, record) that returns impl(op, args), args its
+    arguments bound to `record` (default ARGS[op]). name: default function_name(op); module:
+    the module it is a public name of (default impl's).
+
+    NOTE: a real `def` with named parameters (generated from record's fields, as namedtuple
+    makes its __new__), not a (*args, **kwargs) wrapper: torch.compile(fullgraph=True) of the
+    fallback through such a wrapper failed in its static plan (divmod of the token extent;
+    tests/test_fallback.py test_compile_fullgraph_v1_v2)."""
+    record = record or ARGS[op]
+    name = name or function_name(op)
+    params = ", ".join(record._fields)
+    namespace = {"_impl": impl, "_op": op, "_record": record}
+    exec(f"def {name}({params}):\n    return _impl(_op, _record({params}))\n", namespace)
+    bound = namespace[name]
+    bound.__defaults__ = tuple(record._field_defaults.values())  # the last fields' defaults
+    bound.__module__ = module or impl.__module__
+    bound.__doc__ = doc
+    parameters = signature(op, record).parameters.values()
+    bound.__annotations__ = {p.name: p.annotation for p in parameters}
+    bound.__annotations__["return"] = None
+    return bound
