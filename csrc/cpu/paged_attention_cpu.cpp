@@ -115,8 +115,8 @@ void paged_attention(const PagedAttentionParams& p, bool is_v2, PartitionKernel 
   for (int s = 0; s < p.num_seqs; ++s) longest = std::max(longest, p.seq_lens[s]);
   const int P = is_v2 ? p.max_num_partitions : std::max(1, partitions_of(longest));
   // Partition-major: the KV heads of one partition are consecutive items, so a thread reads
-  // each block's heads (adjacent slices of one block) one after another (faster than
-  // head-major on the long rows: docs/CPU_KERNEL.md, "Work-item order").
+  // each block's heads (adjacent slices of one block) one after another, and the next item's
+  // prefetch lands in the same blocks (docs/CPU_KERNEL.md, "Work-item order").
   std::vector<PartitionTask> tasks;
   for (int s = 0; s < p.num_seqs; ++s)
     for (int part = 0; part < partitions_of(p.seq_lens[s]); ++part)

@@ -528,8 +528,8 @@ inline void mask_unattended_heads(const PagedAttentionParams& p, PartitionTask t
 // ---- one work item ----
 
 // Bytes of L2 the partition's V and the next work item's K (prefetched during this item's PV)
-// may take together (1 MiB per core on the machines measured; the rest holds K in flight and
-// everything else).
+// may take together: a share of a 1 MiB per-core L2, leaving the rest for K in flight and
+// everything else.
 constexpr int64_t kPrefetchBudget = 384 * 1024;
 
 template <typename Cache, KvForm F>
