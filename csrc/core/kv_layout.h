@@ -55,6 +55,10 @@ struct KvLayout {
   }
 };
 
+// vLLM's K stores a token's dims in 16-byte chunks: x = 16 / element size dims per chunk
+// (key_cache.size(4)).
+PA_KV_HOST_DEVICE constexpr int64_t vllm_key_x(int64_t element_bytes) { return 16 / element_bytes; }
+
 // vLLM's K: chunk_stride and token_stride follow from its (checked) contiguous inner dims.
 PA_KV_HOST_DEVICE KvLayout vllm_key_layout(int64_t block_stride, int64_t head_stride,
                                            int64_t block_size, int64_t x) {

@@ -24,6 +24,14 @@ enum class CacheKind : int {
 // Element type of query / out / tmp_out (and of the cache when CacheKind::kAuto).
 enum class ScalarKind : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 
+// Bytes of one query / out / tmp_out element.
+constexpr int scalar_bytes(ScalarKind s) { return s == ScalarKind::kFloat32 ? 4 : 2; }
+
+// Bytes of one KV-cache element: the query dtype's for "auto", one for fp8.
+constexpr int cache_element_bytes(ScalarKind s, CacheKind c) {
+  return c == CacheKind::kAuto ? scalar_bytes(s) : 1;
+}
+
 struct PagedAttentionParams {
   // ---- outputs ----
   void* out;            // [num_seqs, num_heads, head_size], contiguous, query dtype
@@ -64,7 +72,6 @@ struct PagedAttentionParams {
   int num_kv_heads;
   int head_size;
   int block_size;
-  int x;                   // 16 / cache element size (vLLM's K chunk)
   int max_blocks_per_seq;  // block_tables.size(1)
   int64_t num_blocks;      // key_cache.size(0): used block ids must lie in [0, num_blocks)
   int max_num_partitions;  // tmp_out.size(2) (v2); 1 for v1
@@ -97,7 +104,6 @@ struct ReshapeAndCacheParams {
   int num_kv_heads;
   int head_size;
   int block_size;
-  int x;
   int64_t num_blocks;
 
   ScalarKind scalar_kind;

@@ -1,11 +1,13 @@
-// cache_element.h — scalar decode of one KV-cache element to float, for every cache kind the CPU
-// kernel reads (fp32, fp16, bf16 as raw bits; fp8 e4m3fn / e5m2 bytes via core/fp8.h).
+// cache_element.h — scalar decode of one KV-cache (or query-dtype) element to float, for every
+// cache kind the CPU kernel reads (fp32, fp16, bf16 as raw bits; fp8 e4m3fn / e5m2 bytes via
+// core/fp8.h).
 // Framework-free. The scale of fp8 caches is applied by the caller.
 #pragma once
 
 #include <cstdint>
 
 #include "../core/fp8.h"
+#include "../core/params.h"
 
 namespace paged_attn {
 namespace cpu {
@@ -48,6 +50,16 @@ struct E5M2 {
   using storage = uint8_t;
   static float decode(uint8_t v) { return fp8::e5m2_to_float(v); }
 };
+
+// Element i of a query-dtype array (query, key, value) as float; exact.
+inline float scalar_to_float(ScalarKind kind, const void* base, int64_t i) {
+  switch (kind) {
+    case ScalarKind::kFloat16: return F16::decode(static_cast<const uint16_t*>(base)[i]);
+    case ScalarKind::kBFloat16: return BF16::decode(static_cast<const uint16_t*>(base)[i]);
+    case ScalarKind::kFloat32: break;
+  }
+  return F32::decode(static_cast<const float*>(base)[i]);
+}
 
 }  // namespace cpu
 }  // namespace paged_attn

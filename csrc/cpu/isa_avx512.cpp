@@ -146,7 +146,7 @@ struct Isa {
   // QK of one block for a bf16 cache: a 32-element vector of a K row holds 4 tokens x 8 dims;
   // vdpbf16ps sums adjacent dim pairs, so its 16 fp32 lanes are in x = 4 form and 4 of them give
   // 16 token sums. qb: [GT][D] bf16 bits of the unscaled query (exact: the query is bf16); the
-  // sums are scaled by qk_scale. s.x must be 8.
+  // sums are scaled by qk_scale. vLLM's K only (bf16: x = 8).
   template <int GT>
   PA_AVX512_BF16 static void qk_bf16dot(const uint16_t* kblk, const uint16_t* qb, float qk_scale,
                                         const TaskShape& s, float* logits, const char* pf_a,

@@ -105,7 +105,7 @@ inline SliceBytes slice_bytes(KvForm form, const KvLayout& l, int head_size, int
 }
 
 struct TaskShape {
-  int D, bs, x, C, R;  // head size, block size, x, K rows, K row length (elements, x form)
+  int D, bs, C, R;     // head size, block size, K rows, K row length (elements, x form)
   int Dq;              // query row stride of qs (D rounded up to 16, zero padded)
   int L;               // logits buffer stride per head
   int64_t kv_bytes;    // bytes of data in one block's [kv_head] slice of K (or V)

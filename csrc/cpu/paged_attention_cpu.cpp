@@ -1,5 +1,6 @@
-// paged_attention_cpu.cpp — CPU launcher of v1 / v2: data checks, work items, the parallel run of
-// the partition kernel (attention_kernel.h) and the log-sum-exp merge of partitions.
+// paged_attention_cpu.cpp — CPU launcher of v1 / v2 / decode on checked params: work items, the
+// parallel run of the partition kernel (attention_kernel.h) and the log-sum-exp merge of
+// partitions.
 //
 // Phase 1: one work item per (sequence, KV head, 512-token partition) holding tokens, spread over
 //          threads with at::parallel_for; each writes the partition's (max, exp sum, output
@@ -11,18 +12,17 @@
 //          for the partitions p < ceil(seq_len / 512). Rows with seq_len == 0 get zeros.
 #include "paged_attention_cpu.h"
 
-#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
-#include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include <algorithm>
-#include <string>
+#include <memory>
 #include <vector>
 
 #include "../core/compound_state.h"
-#include "../torch_glue/validate.h"
 #include "attention_kernel.h"
-#include "kernel_choice.h"
+#include "cache_element.h"
 
 namespace paged_attn {
 namespace cpu {
@@ -45,11 +45,39 @@ constexpr int64_t kMinBytesPerThread = 4 << 20;
 int64_t task_grain(const PagedAttentionParams& p, int64_t n_tasks) {
   int64_t tokens = 0;
   for (int s = 0; s < p.num_seqs; ++s) tokens += p.seq_lens[s];
-  const int64_t element_bytes = p.cache_kind != CacheKind::kAuto ? 1
-                                : p.scalar_kind == ScalarKind::kFloat32 ? 4 : 2;
+  const int64_t element_bytes = cache_element_bytes(p.scalar_kind, p.cache_kind);
   const int64_t bytes = 2 * tokens * p.num_kv_heads * p.head_size * element_bytes;  // K and V
   if (bytes <= 0) return std::max<int64_t>(n_tasks, 1);
   return std::max<int64_t>(1, (n_tasks * kMinBytesPerThread + bytes - 1) / bytes);
+}
+
+// q [num_seqs * num_heads, head_size] = the query (any seq / head strides, storage tag F32, F16
+// or BF16 of cache_element.h) as fp32.
+template <typename Tag>
+void copy_query_rows(const PagedAttentionParams& p, float* q) {
+  const auto* query = static_cast<const typename Tag::storage*>(p.query);
+  const int64_t rows = static_cast<int64_t>(p.num_seqs) * p.num_heads, D = p.head_size;
+  for (int64_t row = 0; row < rows; ++row) {
+    const auto* src =
+        query + row / p.num_heads * p.q_seq_stride + row % p.num_heads * p.q_head_stride;
+    for (int64_t d = 0; d < D; ++d) q[row * D + d] = Tag::decode(src[d]);
+  }
+}
+
+// The query as contiguous fp32 [num_seqs, num_heads, head_size]: p.query itself when it is one,
+// else a copy held in *copy.
+const float* query_as_float(const PagedAttentionParams& p, std::unique_ptr<float[]>* copy) {
+  const int64_t D = p.head_size;
+  if (p.scalar_kind == ScalarKind::kFloat32 && (p.num_heads <= 1 || p.q_head_stride == D) &&
+      (p.num_seqs <= 1 || p.q_seq_stride == p.num_heads * D))
+    return static_cast<const float*>(p.query);
+  copy->reset(new float[static_cast<int64_t>(p.num_seqs) * p.num_heads * D]);
+  switch (p.scalar_kind) {
+    case ScalarKind::kFloat32: copy_query_rows<F32>(p, copy->get()); break;
+    case ScalarKind::kFloat16: copy_query_rows<F16>(p, copy->get()); break;
+    case ScalarKind::kBFloat16: copy_query_rows<BF16>(p, copy->get()); break;
+  }
+  return copy->get();
 }
 
 template <typename scalar_t>
@@ -81,44 +109,36 @@ void merge_partitions(const PagedAttentionParams& p, const KernelInputs& in, boo
 
 }  // namespace
 
-void paged_attention(const char* op, const PagedAttentionParams& p, const at::Tensor& query,
-                     const at::Tensor& out, const at::Tensor* tmp_out) {
-  const bool is_v2 = tmp_out != nullptr;
-  check_attention_data(op, p, is_v2);
-
+void paged_attention(const PagedAttentionParams& p, bool is_v2, PartitionKernel kernel) {
   // Work items with at least one token, so threads get equal counts of real work.
   int longest = 0;
   for (int s = 0; s < p.num_seqs; ++s) longest = std::max(longest, p.seq_lens[s]);
   const int P = is_v2 ? p.max_num_partitions : std::max(1, partitions_of(longest));
   // Partition-major: the KV heads of one partition are consecutive items, so a thread reads
-  // each block's heads (adjacent slices of one block) one after another (faster than
-  // head-major on the long rows: docs/CPU_KERNEL.md, "Work-item order").
+  // each block's heads (adjacent slices of one block) one after another, and the next item's
+  // prefetch lands in the same blocks (docs/CPU_KERNEL.md, "Work-item order").
   std::vector<PartitionTask> tasks;
   for (int s = 0; s < p.num_seqs; ++s)
     for (int part = 0; part < partitions_of(p.seq_lens[s]); ++part)
       for (int kh = 0; kh < p.num_kv_heads; ++kh)
         tasks.push_back(PartitionTask{s, kh, part});
 
-  // fp32 query [num_seqs, num_heads, head_size] (no copy when it already is one).
-  const at::Tensor q = query.to(at::kFloat).contiguous();
+  std::unique_ptr<float[]> query_copy;
+  const float* query = query_as_float(p, &query_copy);
   const int64_t rows = static_cast<int64_t>(p.num_seqs) * p.num_heads;
-  const auto f32 = query.options().dtype(at::kFloat);
-  at::Tensor stats = is_v2 ? at::Tensor() : at::empty({2, rows, P}, f32);
-  const at::Tensor part_out = at::empty({rows, P, p.head_size}, f32);
+  // v1 / decode: the partitions' max and sum in an internal [2, rows, P] array.
+  const std::unique_ptr<float[]> stats(is_v2 ? nullptr : new float[2 * rows * P]);
+  const std::unique_ptr<float[]> part_out(new float[rows * P * p.head_size]);  // [rows, P, D]
 
   KernelInputs in;
-  in.query = q.data_ptr<float>();
+  in.query = query;
   in.qk_scale = p.scale * cache_scale(p, p.k_scale_ptr, p.k_scale);
   in.v_scale = cache_scale(p, p.v_scale_ptr, p.v_scale);
-  in.max_logits = is_v2 ? p.max_logits : stats[0].data_ptr<float>();
-  in.exp_sums = is_v2 ? p.exp_sums : stats[1].data_ptr<float>();
-  in.part_out = part_out.data_ptr<float>();
+  in.max_logits = is_v2 ? p.max_logits : stats.get();
+  in.exp_sums = is_v2 ? p.exp_sums : stats.get() + rows * P;
+  in.part_out = part_out.get();
   in.num_partitions = P;
 
-  std::string choice_error;
-  const KernelVariant* variant = choose_variant(&choice_error);
-  TORCH_CHECK_VALUE(variant != nullptr, op, ": ", choice_error);
-  const PartitionKernel kernel = variant->run;
   const size_t scratch_floats = kernel_scratch_floats(p);
   const int64_t n_tasks = static_cast<int64_t>(tasks.size());
   at::parallel_for(0, n_tasks, task_grain(p, n_tasks), [&](int64_t begin, int64_t end) {
@@ -127,8 +147,11 @@ void paged_attention(const char* op, const PagedAttentionParams& p, const at::Te
       kernel(p, in, tasks[i], i + 1 < end ? &tasks[i + 1] : nullptr, scratch.data());
   });
 
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out.scalar_type(), "paged_attn_merge",
-                                  [&] { merge_partitions<scalar_t>(p, in, is_v2); });
+  switch (p.scalar_kind) {
+    case ScalarKind::kFloat32: return merge_partitions<float>(p, in, is_v2);
+    case ScalarKind::kFloat16: return merge_partitions<c10::Half>(p, in, is_v2);
+    case ScalarKind::kBFloat16: return merge_partitions<c10::BFloat16>(p, in, is_v2);
+  }
 }
 
 }  // namespace cpu

@@ -1,20 +1,19 @@
-// paged_attention_cpu.h — the CPU launchers behind the op registrations in bindings_cpu.cpp.
+// paged_attention_cpu.h — the CPU launchers behind the entry points of bindings_cpu.cpp. They take
+// params only (every check, the data checks included, ran before) and read no tensor.
 #pragma once
 
-#include <ATen/core/Tensor.h>
-
 #include "../core/params.h"
+#include "attention_kernel.h"
 
 namespace paged_attn {
 namespace cpu {
 
-// Runs v1 or decode (tmp_out == nullptr) or v2 on validated params (make_*_params already ran;
-// the data checks run here). query / out / tmp_out: the tensors the params point into.
-void paged_attention(const char* op, const PagedAttentionParams& p, const at::Tensor& query,
-                     const at::Tensor& out, const at::Tensor* tmp_out);
+// Runs v1 or decode (is_v2 false: writes p.out) or v2 (also exp_sums / max_logits / tmp_out) on
+// checked params with `kernel`, the variant chosen for this call (kernel_choice.h).
+void paged_attention(const PagedAttentionParams& p, bool is_v2, PartitionKernel kernel);
 
-// reshape_and_cache on validated params (the data check runs here).
-void reshape_and_cache(const char* op, const ReshapeAndCacheParams& p);
+// reshape_and_cache / reshape_and_cache_flash on checked params (slots in range).
+void reshape_and_cache(const ReshapeAndCacheParams& p);
 
 }  // namespace cpu
 }  // namespace paged_attn

@@ -101,7 +101,9 @@ inline void store_token_sums(const Vec* acc, float* dst, int ntok) {
 // K row is X = 16: one vector is 16 dims of one token.
 template <typename Cache, KvForm F>
 constexpr int form_x() {
-  return F == KvForm::kTokenMajor ? 16 : 16 / static_cast<int>(sizeof(typename Cache::storage));
+  return F == KvForm::kTokenMajor
+             ? 16
+             : static_cast<int>(vllm_key_x(sizeof(typename Cache::storage)));
 }
 
 // Address in a K slice of x-form element e of row c (token e / X, dim c * X + e % X); for the
@@ -526,8 +528,8 @@ inline void mask_unattended_heads(const PagedAttentionParams& p, PartitionTask t
 // ---- one work item ----
 
 // Bytes of L2 the partition's V and the next work item's K (prefetched during this item's PV)
-// may take together (1 MiB per core on the machines measured; the rest holds K in flight and
-// everything else).
+// may take together: a share of a 1 MiB per-core L2, leaving the rest for K in flight and
+// everything else.
 constexpr int64_t kPrefetchBudget = 384 * 1024;
 
 template <typename Cache, KvForm F>
@@ -541,7 +543,6 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
   TaskShape s;
   s.D = p.head_size;
   s.bs = p.block_size;
-  s.x = p.x;
   constexpr int X = form_x<Cache, F>();
   s.C = (s.D + X - 1) / X;  // vLLM's layout: D / x exactly (checked)
   s.R = s.bs * X;
@@ -677,7 +678,7 @@ void run_form(const PagedAttentionParams& p, const KernelInputs& in, PartitionTa
       return run_partition<F16, F>(p, in, task, next, scratch);
     case ScalarKind::kBFloat16:
       if constexpr (Isa::kHasBf16Dot && F == KvForm::kVllm) {
-        if (bf16_dot && p.x == 8) return run_partition<BF16Dot, F>(p, in, task, next, scratch);
+        if (bf16_dot) return run_partition<BF16Dot, F>(p, in, task, next, scratch);
       }
       (void)bf16_dot;
       return run_partition<BF16, F>(p, in, task, next, scratch);

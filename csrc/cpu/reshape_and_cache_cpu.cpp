@@ -5,34 +5,16 @@
 // A negative slot is padding and is skipped. "auto" copies the elements bit for bit; fp8 stores
 // fp8(x / scale) with core/fp8.h's saturating encode (bit-exact with torch's clamp + cast).
 #include <ATen/Parallel.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
 
 #include <cstring>
 
 #include "../core/fp8.h"
-#include "../torch_glue/validate.h"
+#include "cache_element.h"
 #include "paged_attention_cpu.h"
 
 namespace paged_attn {
 namespace cpu {
 namespace {
-
-template <typename scalar_t>
-float to_float(const void* base, int64_t i) {
-  return static_cast<float>(static_cast<const scalar_t*>(base)[i]);
-}
-
-float load_as_float(ScalarKind kind, const void* base, int64_t i) {
-  switch (kind) {
-    case ScalarKind::kFloat16: return to_float<c10::Half>(base, i);
-    case ScalarKind::kBFloat16: return to_float<c10::BFloat16>(base, i);
-    case ScalarKind::kFloat32: break;
-  }
-  return to_float<float>(base, i);
-}
-
-int element_size(ScalarKind kind) { return kind == ScalarKind::kFloat32 ? 4 : 2; }
 
 // Stores element src[src_index] (query dtype) as cache[cache_index] (cache element type).
 struct CacheWriter {
@@ -41,12 +23,12 @@ struct CacheWriter {
 
   void write(void* cache, int64_t cache_index, const void* src, int64_t src_index) const {
     if (p.cache_kind == CacheKind::kAuto) {
-      const int es = element_size(p.scalar_kind);
+      const int es = scalar_bytes(p.scalar_kind);
       std::memcpy(static_cast<char*>(cache) + cache_index * es,
                   static_cast<const char*>(src) + src_index * es, es);
       return;
     }
-    const float v = load_as_float(p.scalar_kind, src, src_index) / scale;  // as torch: x / scale
+    const float v = scalar_to_float(p.scalar_kind, src, src_index) / scale;  // as torch: x / scale
     static_cast<uint8_t*>(cache)[cache_index] = p.cache_kind == CacheKind::kFp8E4M3
                                                     ? fp8::float_to_e4m3(v)
                                                     : fp8::float_to_e5m2(v);
@@ -55,8 +37,7 @@ struct CacheWriter {
 
 }  // namespace
 
-void reshape_and_cache(const char* op, const ReshapeAndCacheParams& p) {
-  check_cache_data(op, p);
+void reshape_and_cache(const ReshapeAndCacheParams& p) {
   const float k_scale = p.k_scale_ptr != nullptr ? *p.k_scale_ptr : p.k_scale;
   const float v_scale = p.v_scale_ptr != nullptr ? *p.v_scale_ptr : p.v_scale;
   const CacheWriter key_writer{p, k_scale};

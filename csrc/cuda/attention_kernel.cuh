@@ -87,10 +87,10 @@ __device__ __forceinline__ uint32_t attending_heads(const PagedAttentionParams& 
 // format (cache elements are uint8_t bytes). kDimsPerLane = ceil(head_size / kWarpSize) (head_size itself is runtime).
 // kHeadTile: query heads per pass (>= the GQA ratio when it is <= 8).
 // Resident blocks per SM promised to ptxas (__launch_bounds__ min blocks), which caps registers at
-// 65536 / (128 * n). NOTE: with no promise ptxas aimed at ~72 registers for the small tiles and
-// spilled 4-36 bytes; a promise of 4 (128 registers) still spilled 8-124 bytes for tiles with 8
-// heads or 8 dims per lane. 3 (168 registers, 12 warps per SM) for the small tiles, else 1 (255;
-// the large tiles' accumulators need ~250). docs/cuda_resource_report.txt shows the result.
+// 65536 / (128 * n): 3 (168 registers, 12 warps per SM) for the small tiles, else 1 (255: the
+// large tiles' accumulators need nearly all of them). NOTE: with no promise ptxas aims too low
+// for the small tiles, and a promise of 4 (128 registers) is too few for tiles with 8 heads or 8
+// dims per lane: both spill. docs/cuda_resource_report.txt shows registers and spills per kernel.
 template <int kDimsPerLane, int kHeadTile>
 constexpr int attention_min_blocks() {
   return (kDimsPerLane <= 4 && kDimsPerLane * kHeadTile <= 16) ? 3 : 1;
@@ -105,8 +105,8 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
   constexpr int kThreads = kNumWarps * kWarpSize;
   constexpr int kMaxDims = kDimsPerLane * kWarpSize;
   constexpr bool kFp8 = kCache != CacheKind::kAuto;
-  // NOTE: the fp8 format is a template parameter: a runtime e4m3/e5m2 branch in the decode made
-  // ptxas spill a few bytes in several instantiations.
+  // NOTE: the fp8 format is a template parameter: a runtime e4m3/e5m2 branch in the decode needs
+  // registers the small tiles do not have (ptxas spills).
   constexpr bool e5m2 = kCache == CacheKind::kFp8E5M2;
   constexpr int kX = 16 / static_cast<int>(sizeof(CacheT));          // K elements per 16 B
   constexpr int kVVec = sizeof(CacheT) == 4 ? 4 : 8;                  // V tokens per load
@@ -266,7 +266,7 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
       __syncwarp();
 
       // ---- P.V: lane owns dims lane + kWarpSize * j; kVVec tokens per step ----
-#pragma unroll 1  // NOTE: not unrolled: 2.4x faster compiles, same registers
+#pragma unroll 1  // NOTE: not unrolled: unrolling multiplies compile time, saves no registers
       for (int s0 = 0; s0 < kWarpSize; s0 += kVVec) {
         const int t0 = tile + s0;
         if (t0 >= tok_end) break;  // warp-uniform

@@ -1,9 +1,9 @@
 // dispatch.cuh — THE lists of what the CUDA build compiles, in one place (host code, no torch).
 //
-// Compile time grows with every instantiation (~1 s per kernel per arch), so the kernels are
-// templated on what must live in registers and take everything else at run time:
-//   - head size: runtime; the kernel is instantiated per kDimsPerLane = ceil(head_size / 32)
-//     (output registers per lane). Listed head sizes map to 6 instantiations.
+// Compile time grows with every instantiation, so the kernels are templated on what must live
+// in registers and take everything else at run time:
+//   - head size: runtime, one of PAGED_ATTN_CUDA_HEAD_SIZES below; the kernel is instantiated
+//     per distinct kDimsPerLane = ceil(head_size / 32) (output registers per lane).
 //   - GQA ratio (query heads per KV head): runtime; the kernel handles kHeadTile heads per pass,
 //     kHeadTile in {1, 2, 4, 8}; ratios above 8 take ceil(ratio / 8) passes in the same block.
 //   - block size: runtime (any value; multiples of 8, or of 4 for fp32, take vector V loads).
@@ -36,23 +36,53 @@
   X(kBFloat16, kFp8E4M3)         \
   X(kBFloat16, kFp8E5M2)
 
+// The head sizes the attention kernels accept: X(head_size), one per line. The array, the text
+// of the error message, build_info's list and the dispatcher below all come from it.
+#define PAGED_ATTN_CUDA_HEAD_SIZES(X) \
+  X(32)                               \
+  X(64)                               \
+  X(80)                               \
+  X(96)                               \
+  X(112)                              \
+  X(120)                              \
+  X(128)                              \
+  X(192)                              \
+  X(256)
+
 namespace paged_attn {
 namespace cuda {
 
 constexpr int kWarpSize = 32;  // NVIDIA
 constexpr int kNumWarps = 4;   // 128 threads per block
 constexpr int kThreads = kWarpSize * kNumWarps;
-constexpr int kMaxHeadSize = 256;
 
-// Supported head sizes (others: "Unsupported head size" from the launcher).
-constexpr int kHeadSizes[] = {32, 64, 80, 96, 112, 120, 128, 192, 256};
-constexpr const char* kHeadSizesText = "32, 64, 80, 96, 112, 120, 128, 192, 256";
+// PAGED_ATTN_CUDA_HEAD_SIZES as an array and as the text the "Unsupported head size" error
+// prints.
+constexpr int kHeadSizes[] = {
+#define PA_HEAD_SIZE_ENTRY(head_size) head_size,
+    PAGED_ATTN_CUDA_HEAD_SIZES(PA_HEAD_SIZE_ENTRY)
+#undef PA_HEAD_SIZE_ENTRY
+};
+#define PA_HEAD_SIZE_TEXT(head_size) ", " #head_size
+constexpr const char* kHeadSizesText =
+    PAGED_ATTN_CUDA_HEAD_SIZES(PA_HEAD_SIZE_TEXT) + 2;  // "32, 64, ..." (the first ", " dropped)
+#undef PA_HEAD_SIZE_TEXT
+
+constexpr int max_head_size() {
+  int largest = 0;
+  for (int d : kHeadSizes) largest = d > largest ? d : largest;
+  return largest;
+}
+constexpr int kMaxHeadSize = max_head_size();
 
 constexpr bool is_supported_head_size(int head_size) {
   for (int d : kHeadSizes)
     if (d == head_size) return true;
   return false;
 }
+
+// Output registers per lane for a head size: the kernel's kDimsPerLane template argument.
+constexpr int dims_per_lane(int head_size) { return (head_size + kWarpSize - 1) / kWarpSize; }
 
 // PAGED_ATTN_CUDA_PAIRS as an array, for code that loops over the pairs (build_info.cu, which
 // references each pair's launcher from the generated files).
@@ -69,43 +99,17 @@ constexpr AttentionPair kAttentionPairs[] = {
 template <int N>
 using IntC = std::integral_constant<int, N>;
 
-// head size -> f(IntC<kDimsPerLane>); returns false for an unlisted head size.
+// head size -> f(IntC<dims_per_lane(head_size)>); returns false for an unlisted head size.
 template <typename F>
 constexpr bool dispatch_head_size(int head_size, F&& f) {
   switch (head_size) {
-    case 32: f(IntC<1>{}); return true;
-    case 64: f(IntC<2>{}); return true;
-    case 80:
-    case 96: f(IntC<3>{}); return true;
-    case 112:
-    case 120:
-    case 128: f(IntC<4>{}); return true;
-    case 192: f(IntC<6>{}); return true;
-    case 256: f(IntC<8>{}); return true;
+#define PA_HEAD_SIZE_CASE(d) \
+  case d: f(IntC<dims_per_lane(d)>{}); return true;
+    PAGED_ATTN_CUDA_HEAD_SIZES(PA_HEAD_SIZE_CASE)
+#undef PA_HEAD_SIZE_CASE
     default: return false;
   }
 }
-static_assert(kMaxHeadSize <= 8 * kWarpSize, "largest kDimsPerLane must cover kMaxHeadSize");
-
-// The three spellings of the head-size list agree: every entry of kHeadSizes dispatches, to
-// kDimsPerLane = ceil(head_size / 32), and kHeadSizesText is kHeadSizes joined by ", ".
-// A head size added to one of them alone fails to compile here.
-constexpr bool head_size_lists_agree() {
-  int pos = 0;
-  for (int head_size : kHeadSizes) {
-    int dims = 0;
-    if (!dispatch_head_size(head_size, [&](auto d) { dims = decltype(d)::value; })) return false;
-    if (dims != (head_size + kWarpSize - 1) / kWarpSize) return false;
-    if (pos > 0 && (kHeadSizesText[pos++] != ',' || kHeadSizesText[pos++] != ' ')) return false;
-    char digits[12] = {};
-    int n = 0;
-    for (int v = head_size; v > 0; v /= 10) digits[n++] = static_cast<char>('0' + v % 10);
-    while (n > 0)
-      if (kHeadSizesText[pos++] != digits[--n]) return false;
-  }
-  return kHeadSizesText[pos] == '\0';
-}
-static_assert(head_size_lists_agree(), "kHeadSizes, kHeadSizesText and dispatch_head_size differ");
 
 // GQA ratio -> f(IntC<kHeadTile>): the smallest tile in {1, 2, 4, 8} holding the ratio, else 8.
 template <typename F>

@@ -1,8 +1,8 @@
-// ops_cuda.cu — torch glue of the CUDA kernels: tensors -> params (csrc/torch_glue/validate.h),
+// ops_cuda.cu — torch glue of the CUDA kernels: the two backend entry points of
+// torch_glue/overloads.h (which turns the arguments into params, shared with the CPU kernels):
 // CUDA-only checks, stream / device guard, dispatch onto launch.h, and the registration
 // TORCH_LIBRARY_IMPL(paged_attn, CUDA, m) of both overloads of v1, v2, reshape_and_cache, decode
 // and reshape_and_cache_flash.
-// The overloads' signatures are torch_glue/overloads.h (shared with the CPU kernels).
 //
 // NOTE: graph-safe. Nothing here reads tensor data on the host (no data checks, no .item(), no
 // sync); launch grids come from shapes only (v2: tmp_out.size(2)), never from seq_lens or
@@ -24,12 +24,10 @@
 #include <array>
 #include <atomic>
 #include <mutex>
-#include <optional>
 #include <string>
 
 #include "../core/cuda_arch.h"
 #include "../torch_glue/overloads.h"
-#include "../torch_glue/validate.h"
 #include "build_info.h"
 #include "dispatch.cuh"
 #include "launch.h"
@@ -95,16 +93,15 @@ void require_kernels_for(c10::DeviceIndex device) {
 }
 
 // Checks the CUDA kernels add to make_attention_params' (shapes only, no data).
-void check_cuda_attention(const char* op, const PagedAttentionParams& p,
-                          const at::Tensor& key_cache, const at::Tensor& value_cache) {
+void check_cuda_attention(const char* op, const PagedAttentionParams& p) {
   TORCH_CHECK_VALUE(cuda::is_supported_head_size(p.head_size), "paged_attn.", op,
                     ": Unsupported head size: ", p.head_size, " (CUDA kernels are compiled for ",
                     cuda::kHeadSizesText, ")");
   // NOTE: the kernels load K (and vLLM's V) with 16-byte (fp8 V: 8-byte) vector loads: every
   // token of K starts 16-byte aligned, and a token-major K row is whole 16-byte vectors.
-  const int64_t elem = key_cache.element_size();
-  const bool aligned = reinterpret_cast<uintptr_t>(key_cache.data_ptr()) % 16 == 0 &&
-                       reinterpret_cast<uintptr_t>(value_cache.data_ptr()) % 16 == 0 &&
+  const int64_t elem = cache_element_bytes(p.scalar_kind, p.cache_kind);
+  const bool aligned = reinterpret_cast<uintptr_t>(p.key_cache) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(p.value_cache) % 16 == 0 &&
                        (p.k_layout.block_stride * elem) % 16 == 0 &&
                        (p.k_layout.head_stride * elem) % 16 == 0 &&
                        (p.k_layout.token_stride * elem) % 16 == 0 &&
@@ -143,27 +140,16 @@ void launch_reduce(const PagedAttentionParams& p, cudaStream_t stream) {
   TORCH_CHECK(false, "paged_attn: no CUDA v2 reduce kernel compiled for this query dtype");
 }
 
-// v1 (exp_sums == nullptr) or v2.
-void attention(const char* op, const at::Tensor& out, const at::Tensor* exp_sums,
-               const at::Tensor* max_logits, const at::Tensor* tmp_out, const at::Tensor& query,
-               const at::Tensor& key_cache,
-               const at::Tensor& value_cache, int64_t num_kv_heads, double scale,
-               const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t block_size,
-               int64_t max_seq_len, const std::optional<at::Tensor>& alibi_slopes,
-               const std::string& kv_cache_dtype, ScaleArg k_scale, ScaleArg v_scale,
-               BlocksparseArgs blocksparse) {
-  // NOTE: validate before the device guard: the guard itself raises a RuntimeError on some bad
-  // inputs (mixed devices), where the contract wants make_attention_params' ValueError.
-  const PagedAttentionParams p = make_attention_params(
-      op, out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, num_kv_heads, scale,
-      block_tables, seq_lens, block_size, max_seq_len, alibi_slopes, kv_cache_dtype, k_scale,
-      v_scale, blocksparse);
-  check_cuda_attention(op, p, key_cache, value_cache);
-  const c10::cuda::CUDAGuard device_guard(query.device());
-  require_kernels_for(query.device().index());
+// v1, decode (is_v2 false; decode: v1's kernel over token-major caches, p.kv_form) or v2.
+// NOTE: the params were made (validated) before the device guard: the guard itself raises a
+// RuntimeError on some bad inputs (mixed devices), where the contract wants make_*_params'
+// ValueError.
+void attention(const char* op, const PagedAttentionParams& p, bool is_v2, c10::Device device) {
+  check_cuda_attention(op, p);
+  const c10::cuda::CUDAGuard device_guard(device);
+  require_kernels_for(device.index());
   if (p.num_seqs == 0 || p.num_heads == 0) return;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const bool is_v2 = tmp_out != nullptr;
   launch_attention(p, is_v2, stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (is_v2) {
@@ -172,28 +158,10 @@ void attention(const char* op, const at::Tensor& out, const at::Tensor* exp_sums
   }
 }
 
-// decode: v1's kernel over token-major caches (p.kv_form); one thread block per (sequence, KV
-// head) walks the whole row, so no scratch is needed.
-void decode(const char* op, const at::Tensor& out, const at::Tensor& query,
-            const at::Tensor& key_cache, const at::Tensor& value_cache,
-            const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
-            const std::optional<at::Tensor>& alibi_slopes, const std::string& kv_cache_dtype,
-            ScaleArg k_scale, ScaleArg v_scale) {
-  const PagedAttentionParams p =  // validated before the guard, as in attention()
-      make_decode_params(op, out, query, key_cache, value_cache, block_tables, seq_lens, scale,
-                         alibi_slopes, kv_cache_dtype, k_scale, v_scale);
-  check_cuda_attention(op, p, key_cache, value_cache);
-  const c10::cuda::CUDAGuard device_guard(query.device());
-  require_kernels_for(query.device().index());
-  if (p.num_seqs == 0 || p.num_heads == 0) return;
-  launch_attention(p, /*is_v2=*/false, c10::cuda::getCurrentCUDAStream());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
-// reshape_and_cache and reshape_and_cache_flash once their params are made (and validated).
-void launch_cache(const char* op, const ReshapeAndCacheParams& p, const at::Tensor& key) {
-  const c10::cuda::CUDAGuard device_guard(key.device());
-  require_kernels_for(key.device().index());
+// reshape_and_cache and reshape_and_cache_flash (the layouts are in p).
+void cache(const char* op, const ReshapeAndCacheParams& p, c10::Device device) {
+  const c10::cuda::CUDAGuard device_guard(device);
+  require_kernels_for(device.index());
   if (p.num_tokens == 0 || p.num_kv_heads == 0 || p.head_size == 0) return;
   TORCH_CHECK_VALUE(p.num_tokens <= 0x7fffffff, "paged_attn.", op, ": num_tokens (",
                     p.num_tokens, ") exceeds the CUDA grid limit");
@@ -201,28 +169,7 @@ void launch_cache(const char* op, const ReshapeAndCacheParams& p, const at::Tens
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-void cache(const at::Tensor& key, const at::Tensor& value, const at::Tensor& key_cache,
-           const at::Tensor& value_cache, const at::Tensor& slot_mapping,
-           const std::string& kv_cache_dtype, ScaleArg k_scale, ScaleArg v_scale) {
-  const char* op = "reshape_and_cache";
-  launch_cache(op,
-               make_cache_params(op, key, value, key_cache, value_cache, slot_mapping,
-                                 kv_cache_dtype, k_scale, v_scale),
-               key);
-}
-
-void flash_cache(const at::Tensor& key, const at::Tensor& value, const at::Tensor& key_cache,
-                 const at::Tensor& value_cache, const at::Tensor& slot_mapping,
-                 const std::string& kv_cache_dtype, ScaleArg k_scale, ScaleArg v_scale) {
-  const char* op = "reshape_and_cache_flash";
-  launch_cache(op,
-               make_flash_cache_params(op, key, value, key_cache, value_cache, slot_mapping,
-                                       kv_cache_dtype, k_scale, v_scale),
-               key);
-}
-
 }  // namespace
 }  // namespace paged_attn
 
-PAGED_ATTN_REGISTER_KERNELS(CUDA, paged_attn::attention, paged_attn::cache, paged_attn::decode,
-                            paged_attn::flash_cache)
+PAGED_ATTN_REGISTER_KERNELS(CUDA, paged_attn::attention, paged_attn::cache)

@@ -1,22 +1,19 @@
-// overloads.h — the C++ signatures of the schemas in csrc/ops.cpp (v1, v2, reshape_and_cache,
-// decode, reshape_and_cache_flash, each with k_scale / v_scale as `float` or, in the `.scale_tensor` overload, as a tensor),
-// written once for every backend. A backend provides two entry points and registers these
-// templates over them:
+// overloads.h — the C++ functions the dispatcher calls for every schema of csrc/ops.cpp (v1, v2,
+// reshape_and_cache, decode, reshape_and_cache_flash, each with k_scale / v_scale as `double` or,
+// in the `.scale_tensor` overload, as a tensor), for every backend. Their parameter lists come
+// from op_args.h; each one turns its arguments into params (validate.h's make_*_params: every
+// shape / dtype / device check, no data read) and hands them to the backend, which provides two
+// entry points:
 //
-//   void attention(const char* op, const at::Tensor& out, const at::Tensor* exp_sums,
-//                  const at::Tensor* max_logits, const at::Tensor* tmp_out,  // nullptr: v1
-//                  const at::Tensor& query, const at::Tensor& key_cache,
-//                  const at::Tensor& value_cache, int64_t num_kv_heads, double scale,
-//                  const at::Tensor& block_tables, const at::Tensor& seq_lens,
-//                  int64_t block_size, int64_t max_seq_len,
-//                  const std::optional<at::Tensor>& alibi_slopes,
-//                  const std::string& kv_cache_dtype, ScaleArg k_scale, ScaleArg v_scale,
-//                  BlocksparseArgs blocksparse);
-//   void cache(const at::Tensor& key, const at::Tensor& value, const at::Tensor& key_cache,
-//              const at::Tensor& value_cache, const at::Tensor& slot_mapping,
-//              const std::string& kv_cache_dtype, ScaleArg k_scale, ScaleArg v_scale);
+//   void attention(const char* op, const PagedAttentionParams& p, bool is_v2, c10::Device device);
+//       v1, decode (is_v2 false: write p.out) and v2 (also exp_sums / max_logits / tmp_out);
+//       p.kv_form says which cache layout (vLLM's or token-major)
+//   void cache(const char* op, const ReshapeAndCacheParams& p, c10::Device device);
+//       reshape_and_cache and reshape_and_cache_flash (the layouts are in p)
 //
-//   PAGED_ATTN_REGISTER_KERNELS(CPU, attention, cache, decode, cache_flash)
+// (`device`: where the tensors are; `op`: the name error messages start with), and registers them:
+//
+//   PAGED_ATTN_REGISTER_KERNELS(CPU, attention, cache)
 //
 // (the TORCH_LIBRARY_IMPL block of that dispatch key; it records each kernel it registers in
 // registered_kernels.h, which paged_attention_ext.build_info() reports).
@@ -26,71 +23,61 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <torch/library.h>
 
-#include <optional>
-#include <string>
-
+#include "op_args.h"
 #include "registered_kernels.h"
-
 #include "validate.h"
 
 namespace paged_attn {
 namespace overloads {
 
-inline ScaleArg scale_of(const at::Tensor& t) { return ScaleArg{&t, 1.0}; }
-inline ScaleArg scale_of(double v) { return ScaleArg{nullptr, v}; }
+// An op_args.h list as a parameter list (FIRST, X), or as the arguments that fill its struct.
+#define PA_PARAM_FIRST(type, name) type name
+#define PA_PARAM(type, name) , type name
+#define PA_ARG_FIRST(type, name) name
+#define PA_ARG(type, name) , name
 
 // Scale: `const at::Tensor&` (.scale_tensor overload) or `double`.
 template <auto Attention, typename Scale>
-void v1(const at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
-        const at::Tensor& value_cache, int64_t num_kv_heads, double scale,
-        const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t block_size,
-        int64_t max_seq_len, const std::optional<at::Tensor>& alibi_slopes,
-        const std::string& kv_cache_dtype, Scale k_scale, Scale v_scale, int64_t tp_rank,
-        int64_t bs_local_blocks, int64_t bs_vert_stride, int64_t bs_block_size,
-        int64_t bs_head_sliding_step) {
-  Attention("v1", out, nullptr, nullptr, nullptr, query, key_cache, value_cache, num_kv_heads,
-            scale, block_tables, seq_lens, block_size, max_seq_len, alibi_slopes, kv_cache_dtype,
-            scale_of(k_scale), scale_of(v_scale),
-            BlocksparseArgs{tp_rank, bs_local_blocks, bs_vert_stride, bs_block_size,
-                            bs_head_sliding_step});
+void v1(const at::Tensor& out PAGED_ATTN_ATTENTION_INPUTS(PA_PARAM, Scale)) {
+  const AttentionArgs args{out, nullptr, nullptr,
+                           nullptr PAGED_ATTN_ATTENTION_INPUTS(PA_ARG, Scale)};
+  Attention("v1", make_attention_params("v1", args), /*is_v2=*/false, query.device());
 }
 
 template <auto Attention, typename Scale>
 void v2(const at::Tensor& out, const at::Tensor& exp_sums, const at::Tensor& max_logits,
-        const at::Tensor& tmp_out, const at::Tensor& query, const at::Tensor& key_cache,
-        const at::Tensor& value_cache, int64_t num_kv_heads, double scale,
-        const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t block_size,
-        int64_t max_seq_len, const std::optional<at::Tensor>& alibi_slopes,
-        const std::string& kv_cache_dtype, Scale k_scale, Scale v_scale, int64_t tp_rank,
-        int64_t bs_local_blocks, int64_t bs_vert_stride, int64_t bs_block_size,
-        int64_t bs_head_sliding_step) {
-  Attention("v2", out, &exp_sums, &max_logits, &tmp_out, query, key_cache, value_cache,
-            num_kv_heads, scale, block_tables, seq_lens, block_size, max_seq_len, alibi_slopes,
-            kv_cache_dtype, scale_of(k_scale), scale_of(v_scale),
-            BlocksparseArgs{tp_rank, bs_local_blocks, bs_vert_stride, bs_block_size,
-                            bs_head_sliding_step});
+        const at::Tensor& tmp_out PAGED_ATTN_ATTENTION_INPUTS(PA_PARAM, Scale)) {
+  const AttentionArgs args{out, &exp_sums, &max_logits,
+                           &tmp_out PAGED_ATTN_ATTENTION_INPUTS(PA_ARG, Scale)};
+  Attention("v2", make_attention_params("v2", args), /*is_v2=*/true, query.device());
+}
+
+template <auto Attention, typename Scale>
+void decode(PAGED_ATTN_DECODE_ARGS(PA_PARAM_FIRST, PA_PARAM, Scale)) {
+  const DecodeArgs args{PAGED_ATTN_DECODE_ARGS(PA_ARG_FIRST, PA_ARG, Scale)};
+  Attention("decode", make_decode_params("decode", args), /*is_v2=*/false, query.device());
 }
 
 template <auto Cache, typename Scale>
-void reshape_and_cache(const at::Tensor& key, const at::Tensor& value,
-                       const at::Tensor& key_cache, const at::Tensor& value_cache,
-                       const at::Tensor& slot_mapping, const std::string& kv_cache_dtype,
-                       Scale k_scale, Scale v_scale) {
-  Cache(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, scale_of(k_scale),
-        scale_of(v_scale));
+void reshape_and_cache(PAGED_ATTN_CACHE_ARGS(PA_PARAM_FIRST, PA_PARAM, Scale)) {
+  const CacheArgs args{PAGED_ATTN_CACHE_ARGS(PA_ARG_FIRST, PA_ARG, Scale)};
+  Cache("reshape_and_cache", make_cache_params("reshape_and_cache", args), key.device());
 }
 
-template <auto Decode, typename Scale>
-void decode(const at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
-            const at::Tensor& value_cache, const at::Tensor& block_tables,
-            const at::Tensor& seq_lens, double scale,
-            const std::optional<at::Tensor>& alibi_slopes, const std::string& kv_cache_dtype,
-            Scale k_scale, Scale v_scale) {
-  Decode("decode", out, query, key_cache, value_cache, block_tables, seq_lens, scale,
-         alibi_slopes, kv_cache_dtype, scale_of(k_scale), scale_of(v_scale));
+template <auto Cache, typename Scale>
+void reshape_and_cache_flash(PAGED_ATTN_CACHE_ARGS(PA_PARAM_FIRST, PA_PARAM, Scale)) {
+  const CacheArgs args{PAGED_ATTN_CACHE_ARGS(PA_ARG_FIRST, PA_ARG, Scale)};
+  Cache("reshape_and_cache_flash", make_flash_cache_params("reshape_and_cache_flash", args),
+        key.device());
 }
+
+#undef PA_PARAM_FIRST
+#undef PA_PARAM
+#undef PA_ARG_FIRST
+#undef PA_ARG
 
 // m.impl(op, fn), recorded under the block's dispatch key (registered_kernels.h).
 template <typename Fn>
@@ -99,40 +86,28 @@ void impl(torch::Library& m, const char* dispatch_key, const char* op, Fn fn) {
   record_kernel(dispatch_key, op);
 }
 
-// Registers both overloads of v1, v2 and reshape_and_cache for the library block's dispatch key.
+// Registers both overloads of every op for the library block's dispatch key, in schema order.
 template <auto Attention, auto Cache>
 void register_ops(torch::Library& m, const char* key) {
-  impl(m, key, "v1.scale_tensor", &v1<Attention, const at::Tensor&>);
+  using Tensor = const at::Tensor&;
+  impl(m, key, "v1.scale_tensor", &v1<Attention, Tensor>);
   impl(m, key, "v1", &v1<Attention, double>);
-  impl(m, key, "v2.scale_tensor", &v2<Attention, const at::Tensor&>);
+  impl(m, key, "v2.scale_tensor", &v2<Attention, Tensor>);
   impl(m, key, "v2", &v2<Attention, double>);
-  impl(m, key, "reshape_and_cache.scale_tensor", &reshape_and_cache<Cache, const at::Tensor&>);
+  impl(m, key, "reshape_and_cache.scale_tensor", &reshape_and_cache<Cache, Tensor>);
   impl(m, key, "reshape_and_cache", &reshape_and_cache<Cache, double>);
-}
-
-// Registers both overloads of decode and reshape_and_cache_flash (token-major caches). Decode:
-//   void decode(const char* op, const at::Tensor& out, const at::Tensor& query,
-//               const at::Tensor& key_cache, const at::Tensor& value_cache,
-//               const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
-//               const std::optional<at::Tensor>& alibi_slopes,
-//               const std::string& kv_cache_dtype, ScaleArg k_scale, ScaleArg v_scale);
-// FlashCache: the signature of `cache` above.
-template <auto Decode, auto FlashCache>
-void register_token_major_ops(torch::Library& m, const char* key) {
-  impl(m, key, "decode.scale_tensor", &decode<Decode, const at::Tensor&>);
-  impl(m, key, "decode", &decode<Decode, double>);
-  impl(m, key, "reshape_and_cache_flash.scale_tensor",
-       &reshape_and_cache<FlashCache, const at::Tensor&>);
-  impl(m, key, "reshape_and_cache_flash", &reshape_and_cache<FlashCache, double>);
+  impl(m, key, "decode.scale_tensor", &decode<Attention, Tensor>);
+  impl(m, key, "decode", &decode<Attention, double>);
+  impl(m, key, "reshape_and_cache_flash.scale_tensor", &reshape_and_cache_flash<Cache, Tensor>);
+  impl(m, key, "reshape_and_cache_flash", &reshape_and_cache_flash<Cache, double>);
 }
 
 }  // namespace overloads
 }  // namespace paged_attn
 
 // The TORCH_LIBRARY_IMPL block of dispatch key KEY (CPU, CUDA) registering every op of the library
-// over a backend's entry points; the key is written once, for torch and for the record.
-#define PAGED_ATTN_REGISTER_KERNELS(KEY, Attention, Cache, Decode, FlashCache)             \
-  TORCH_LIBRARY_IMPL(paged_attn, KEY, m) {                                                 \
-    paged_attn::overloads::register_ops<Attention, Cache>(m, #KEY);                        \
-    paged_attn::overloads::register_token_major_ops<Decode, FlashCache>(m, #KEY);          \
+// over a backend's two entry points; the key is written once, for torch and for the record.
+#define PAGED_ATTN_REGISTER_KERNELS(KEY, Attention, Cache)               \
+  TORCH_LIBRARY_IMPL(paged_attn, KEY, m) {                               \
+    paged_attn::overloads::register_ops<Attention, Cache>(m, #KEY);      \
   }

@@ -71,7 +71,7 @@ CacheShape check_caches(const char* op, const at::Tensor& key_cache,
              value_cache.scalar_type(), " must be uint8 for kv_cache_dtype=",
              kv_cache_dtype_name(kind));
   }
-  const int64_t x = 16 / static_cast<int64_t>(key_cache.element_size());
+  const int64_t x = vllm_key_x(key_cache.element_size());
   PA_CHECK(key_cache.size(4) == x, "key_cache.size(4) must be x = 16 / element size = ", x,
            ", got ", key_cache.size(4));
   const bool same_blocks = value_cache.size(0) == key_cache.size(0) &&
@@ -152,25 +152,29 @@ CacheKind parse_kv_cache_dtype(const char* op, const std::string& kv_cache_dtype
   return CacheKind::kAuto;  // unreachable
 }
 
-void check_blocksparse(const char* op, const BlocksparseArgs& b) {
-  if (b.vert_stride <= 1) return;  // inactive: vLLM ignores the other four
+namespace {
+
+// Active blocksparse arguments must make sense (sparse block size > 0, local blocks >= 0,
+// tp_rank >= 0, each a 32-bit int, as vLLM's kernel takes them); inactive ones are ignored.
+void check_blocksparse(const char* op, const AttentionArgs& a) {
+  if (a.blocksparse_vert_stride <= 1) return;  // inactive: vLLM ignores the other four
   const std::string why = "when blocksparse is active (blocksparse_vert_stride = " +
-                          std::to_string(b.vert_stride) + " > 1)";
-  PA_CHECK(b.block_size > 0, "blocksparse_block_size (", b.block_size, ") must be > 0 ", why);
-  PA_CHECK(b.local_blocks >= 0, "blocksparse_local_blocks (", b.local_blocks, ") must be >= 0 ",
-           why);
-  PA_CHECK(b.tp_rank >= 0, "tp_rank (", b.tp_rank, ") must be >= 0 ", why);
+                          std::to_string(a.blocksparse_vert_stride) + " > 1)";
+  PA_CHECK(a.blocksparse_block_size > 0, "blocksparse_block_size (", a.blocksparse_block_size,
+           ") must be > 0 ", why);
+  PA_CHECK(a.blocksparse_local_blocks >= 0, "blocksparse_local_blocks (",
+           a.blocksparse_local_blocks, ") must be >= 0 ", why);
+  PA_CHECK(a.tp_rank >= 0, "tp_rank (", a.tp_rank, ") must be >= 0 ", why);
   constexpr int64_t kInt32Max = 2147483647;
-  for (auto [name, value] : {std::pair<const char*, int64_t>{"tp_rank", b.tp_rank},
-                             {"blocksparse_local_blocks", b.local_blocks},
-                             {"blocksparse_vert_stride", b.vert_stride},
-                             {"blocksparse_block_size", b.block_size},
-                             {"blocksparse_head_sliding_step", b.head_sliding_step}})
+  for (auto [name, value] :
+       {std::pair<const char*, int64_t>{"tp_rank", a.tp_rank},
+        {"blocksparse_local_blocks", a.blocksparse_local_blocks},
+        {"blocksparse_vert_stride", a.blocksparse_vert_stride},
+        {"blocksparse_block_size", a.blocksparse_block_size},
+        {"blocksparse_head_sliding_step", a.blocksparse_head_sliding_step}})
     PA_CHECK(value >= -kInt32Max && value <= kInt32Max, name, " (", value,
              ") must fit in a 32-bit int (|value| <= ", kInt32Max, ") ", why);
 }
-
-namespace {
 
 // query [num_seqs, num_heads, head_size], last dim contiguous.
 void check_query(const char* op, const at::Tensor& query) {
@@ -218,33 +222,45 @@ const float* check_alibi(const char* op, const at::Tensor& query,
   return a.data_ptr<float>();
 }
 
-// Everything of the params but the caches' layouts, heads and sizes (filled by the caller).
-PagedAttentionParams attention_params(const char* op, const at::Tensor& out,
-                                      const at::Tensor& query, const at::Tensor& key_cache,
-                                      const at::Tensor& value_cache, double scale,
-                                      const at::Tensor& block_tables,
-                                      const at::Tensor& seq_lens, const float* alibi,
-                                      CacheKind cache_kind, ScaleArg k_scale, ScaleArg v_scale) {
+// The checks every attention op (v1, v2, decode; `Args`: AttentionArgs or DecodeArgs) starts
+// with: kv_cache_dtype, the query, and one device for every tensor. Returns the cache kind.
+template <typename Args>
+CacheKind check_attention_common(const char* op, const Args& a) {
+  const CacheKind cache_kind = parse_kv_cache_dtype(op, a.kv_cache_dtype);
+  check_query(op, a.query);
+  for (auto [t, name] : {std::pair<const at::Tensor*, const char*>{&a.out, "out"},
+                         {&a.key_cache, "key_cache"}, {&a.value_cache, "value_cache"},
+                         {&a.block_tables, "block_tables"}, {&a.seq_lens, "seq_lens"}}) {
+    check_same_device(op, a.query, "query", *t, name);
+  }
+  return cache_kind;
+}
+
+// Everything of the params but the caches' layouts, heads and sizes (filled by the caller), once
+// the checks passed.
+template <typename Args>
+PagedAttentionParams attention_params(const char* op, const Args& a, CacheKind cache_kind) {
+  const at::Tensor& query = a.query;
   PagedAttentionParams p{};
-  p.out = out.data_ptr();
+  p.out = a.out.data_ptr();
   p.query = query.data_ptr();
-  p.key_cache = key_cache.data_ptr();
-  p.value_cache = value_cache.data_ptr();
-  p.block_tables = block_tables.data_ptr<int32_t>();
-  p.seq_lens = seq_lens.data_ptr<int32_t>();
-  p.alibi_slopes = alibi;
-  p.k_scale_ptr = scale_pointer(op, k_scale, "k_scale", query);
-  p.v_scale_ptr = scale_pointer(op, v_scale, "v_scale", query);
-  p.k_scale = static_cast<float>(k_scale.value);
-  p.v_scale = static_cast<float>(v_scale.value);
-  p.scale = static_cast<float>(scale);
+  p.key_cache = a.key_cache.data_ptr();
+  p.value_cache = a.value_cache.data_ptr();
+  p.block_tables = a.block_tables.template data_ptr<int32_t>();
+  p.seq_lens = a.seq_lens.template data_ptr<int32_t>();
+  p.alibi_slopes = check_alibi(op, query, a.alibi_slopes);
+  p.k_scale_ptr = scale_pointer(op, a.k_scale, "k_scale", query);
+  p.v_scale_ptr = scale_pointer(op, a.v_scale, "v_scale", query);
+  p.k_scale = static_cast<float>(a.k_scale.value);
+  p.v_scale = static_cast<float>(a.v_scale.value);
+  p.scale = static_cast<float>(a.scale);
   p.q_seq_stride = query.stride(0);
   p.q_head_stride = query.stride(1);
   p.num_seqs = static_cast<int>(query.size(0));
   p.num_heads = static_cast<int>(query.size(1));
   p.head_size = static_cast<int>(query.size(2));
-  p.max_blocks_per_seq = static_cast<int>(block_tables.size(1));
-  p.num_blocks = key_cache.size(0);
+  p.max_blocks_per_seq = static_cast<int>(a.block_tables.size(1));
+  p.num_blocks = a.key_cache.size(0);
   p.max_num_partitions = 1;
   p.scalar_kind = scalar_kind_of(query.scalar_type());
   p.cache_kind = cache_kind;
@@ -289,112 +305,82 @@ KvLayout token_major_of(const at::Tensor& cache) {
 
 }  // namespace
 
-PagedAttentionParams make_attention_params(
-    const char* op, const at::Tensor& out, const at::Tensor* exp_sums,
-    const at::Tensor* max_logits, const at::Tensor* tmp_out, const at::Tensor& query,
-    const at::Tensor& key_cache, const at::Tensor& value_cache, int64_t num_kv_heads,
-    double scale, const at::Tensor& block_tables, const at::Tensor& seq_lens,
-    int64_t block_size, int64_t max_seq_len, const std::optional<at::Tensor>& alibi_slopes,
-    const std::string& kv_cache_dtype, ScaleArg k_scale, ScaleArg v_scale,
-    BlocksparseArgs blocksparse) {
-  check_blocksparse(op, blocksparse);
-  const CacheKind cache_kind = parse_kv_cache_dtype(op, kv_cache_dtype);
-  check_query(op, query);
+PagedAttentionParams make_attention_params(const char* op, const AttentionArgs& a) {
+  check_blocksparse(op, a);
+  const CacheKind cache_kind = check_attention_common(op, a);
+  const at::Tensor& query = a.query;
   const int64_t num_seqs = query.size(0), num_heads = query.size(1), head_size = query.size(2);
 
-  for (auto [t, name] : {std::pair<const at::Tensor*, const char*>{&out, "out"},
-                         {&key_cache, "key_cache"}, {&value_cache, "value_cache"},
-                         {&block_tables, "block_tables"}, {&seq_lens, "seq_lens"}}) {
-    check_same_device(op, query, "query", *t, name);
-  }
-
   // ---- heads ----
-  PA_CHECK(num_kv_heads > 0 && num_heads % num_kv_heads == 0, "num_heads (", num_heads,
-           ") must be divisible by num_kv_heads (", num_kv_heads, ")");
+  PA_CHECK(a.num_kv_heads > 0 && num_heads % a.num_kv_heads == 0, "num_heads (", num_heads,
+           ") must be divisible by num_kv_heads (", a.num_kv_heads, ")");
 
   // ---- caches ----
   const CacheShape cache =
-      check_caches(op, key_cache, value_cache, cache_kind, query.scalar_type(), "query");
-  PA_CHECK(cache.num_kv_heads == num_kv_heads, "num_kv_heads (", num_kv_heads,
+      check_caches(op, a.key_cache, a.value_cache, cache_kind, query.scalar_type(), "query");
+  PA_CHECK(cache.num_kv_heads == a.num_kv_heads, "num_kv_heads (", a.num_kv_heads,
            ") does not match key_cache.size(1) (", cache.num_kv_heads, ")");
-  check_head_size(op, head_size, key_cache, cache);
-  PA_CHECK(block_size == cache.block_size, "block_size (", block_size,
+  check_head_size(op, head_size, a.key_cache, cache);
+  PA_CHECK(a.block_size == cache.block_size, "block_size (", a.block_size,
            ") does not match key_cache.size(3) (", cache.block_size, ")");
 
   // ---- block table, lengths, outputs ----
-  check_rows_and_out(op, out, query, block_tables, seq_lens);
+  check_rows_and_out(op, a.out, query, a.block_tables, a.seq_lens);
   int64_t max_num_partitions = 1;
-  const bool is_v2 = tmp_out != nullptr;
+  const bool is_v2 = a.tmp_out != nullptr;
   if (is_v2) {
-    PA_CHECK(tmp_out->dim() == 4, "tmp_out shape ", shape_str(*tmp_out),
+    const at::Tensor& tmp_out = *a.tmp_out;
+    PA_CHECK(tmp_out.dim() == 4, "tmp_out shape ", shape_str(tmp_out),
              " must be [num_seqs, num_heads, max_num_partitions, head_size]");
-    max_num_partitions = tmp_out->size(2);
-    PA_CHECK(max_num_partitions >= 1, "tmp_out shape ", shape_str(*tmp_out),
+    max_num_partitions = tmp_out.size(2);
+    PA_CHECK(max_num_partitions >= 1, "tmp_out shape ", shape_str(tmp_out),
              " must have max_num_partitions >= 1");
-    check_scratch(op, *exp_sums, "exp_sums", num_seqs, num_heads, max_num_partitions, 0,
+    check_scratch(op, *a.exp_sums, "exp_sums", num_seqs, num_heads, max_num_partitions, 0,
                   query.scalar_type(), query);
-    check_scratch(op, *max_logits, "max_logits", num_seqs, num_heads, max_num_partitions, 0,
+    check_scratch(op, *a.max_logits, "max_logits", num_seqs, num_heads, max_num_partitions, 0,
                   query.scalar_type(), query);
-    check_scratch(op, *tmp_out, "tmp_out", num_seqs, num_heads, max_num_partitions, head_size,
+    check_scratch(op, tmp_out, "tmp_out", num_seqs, num_heads, max_num_partitions, head_size,
                   query.scalar_type(), query);
   }
-  const float* alibi = check_alibi(op, query, alibi_slopes);
 
-  PagedAttentionParams p = attention_params(op, out, query, key_cache, value_cache, scale,
-                                            block_tables, seq_lens, alibi, cache_kind, k_scale,
-                                            v_scale);
-  p.exp_sums = is_v2 ? exp_sums->data_ptr<float>() : nullptr;
-  p.max_logits = is_v2 ? max_logits->data_ptr<float>() : nullptr;
-  p.tmp_out = is_v2 ? tmp_out->data_ptr() : nullptr;
-  p.blocksparse = BlocksparseParams{blocksparse.vert_stride, blocksparse.block_size,
-                                     blocksparse.local_blocks, blocksparse.head_sliding_step,
-                                     blocksparse.tp_rank};
+  PagedAttentionParams p = attention_params(op, a, cache_kind);
+  p.exp_sums = is_v2 ? a.exp_sums->data_ptr<float>() : nullptr;
+  p.max_logits = is_v2 ? a.max_logits->data_ptr<float>() : nullptr;
+  p.tmp_out = is_v2 ? a.tmp_out->data_ptr() : nullptr;
+  p.blocksparse = BlocksparseParams{a.blocksparse_vert_stride, a.blocksparse_block_size,
+                                     a.blocksparse_local_blocks, a.blocksparse_head_sliding_step,
+                                     a.tp_rank};
   p.kv_form = KvForm::kVllm;
-  p.k_layout = vllm_key_layout(key_cache.stride(0), key_cache.stride(1), block_size, cache.x);
-  p.v_layout = vllm_value_layout(value_cache.stride(0), value_cache.stride(1), block_size);
-  p.num_kv_heads = static_cast<int>(num_kv_heads);
-  p.block_size = static_cast<int>(block_size);
-  p.x = static_cast<int>(cache.x);
+  p.k_layout =
+      vllm_key_layout(a.key_cache.stride(0), a.key_cache.stride(1), a.block_size, cache.x);
+  p.v_layout = vllm_value_layout(a.value_cache.stride(0), a.value_cache.stride(1), a.block_size);
+  p.num_kv_heads = static_cast<int>(a.num_kv_heads);
+  p.block_size = static_cast<int>(a.block_size);
   p.max_num_partitions = static_cast<int>(max_num_partitions);
-  p.max_seq_len = static_cast<int>(max_seq_len);
+  p.max_seq_len = static_cast<int>(a.max_seq_len);
   return p;
 }
 
-PagedAttentionParams make_decode_params(const char* op, const at::Tensor& out,
-                                        const at::Tensor& query, const at::Tensor& key_cache,
-                                        const at::Tensor& value_cache,
-                                        const at::Tensor& block_tables,
-                                        const at::Tensor& seq_lens, double scale,
-                                        const std::optional<at::Tensor>& alibi_slopes,
-                                        const std::string& kv_cache_dtype, ScaleArg k_scale,
-                                        ScaleArg v_scale) {
-  const CacheKind cache_kind = parse_kv_cache_dtype(op, kv_cache_dtype);
-  check_query(op, query);
+PagedAttentionParams make_decode_params(const char* op, const DecodeArgs& a) {
+  const CacheKind cache_kind = check_attention_common(op, a);
+  const at::Tensor& query = a.query;
   const int64_t num_heads = query.size(1), head_size = query.size(2);
-  for (auto [t, name] : {std::pair<const at::Tensor*, const char*>{&out, "out"},
-                         {&key_cache, "key_cache"}, {&value_cache, "value_cache"},
-                         {&block_tables, "block_tables"}, {&seq_lens, "seq_lens"}}) {
-    check_same_device(op, query, "query", *t, name);
-  }
-  check_token_major_caches(op, key_cache, value_cache, cache_kind, query.scalar_type(), "query");
-  const int64_t block_size = key_cache.size(1), num_kv_heads = key_cache.size(2);
+  check_token_major_caches(op, a.key_cache, a.value_cache, cache_kind, query.scalar_type(),
+                           "query");
+  const int64_t block_size = a.key_cache.size(1), num_kv_heads = a.key_cache.size(2);
   PA_CHECK(num_kv_heads > 0 && num_heads % num_kv_heads == 0, "num_heads (", num_heads,
            ") must be divisible by num_kv_heads (", num_kv_heads, ", key_cache.size(2))");
-  PA_CHECK(key_cache.size(3) == head_size, "head_size (", head_size,
-           ") does not match key_cache.size(3) (", key_cache.size(3), ")");
-  check_rows_and_out(op, out, query, block_tables, seq_lens);
-  const float* alibi = check_alibi(op, query, alibi_slopes);
+  PA_CHECK(a.key_cache.size(3) == head_size, "head_size (", head_size,
+           ") does not match key_cache.size(3) (", a.key_cache.size(3), ")");
+  check_rows_and_out(op, a.out, query, a.block_tables, a.seq_lens);
 
-  PagedAttentionParams p = attention_params(op, out, query, key_cache, value_cache, scale,
-                                            block_tables, seq_lens, alibi, cache_kind, k_scale,
-                                            v_scale);
+  PagedAttentionParams p = attention_params(op, a, cache_kind);
   p.kv_form = KvForm::kTokenMajor;
-  p.k_layout = token_major_of(key_cache);
-  p.v_layout = token_major_of(value_cache);
+  p.k_layout = token_major_of(a.key_cache);
+  p.v_layout = token_major_of(a.value_cache);
   p.num_kv_heads = static_cast<int>(num_kv_heads);
   p.block_size = static_cast<int>(block_size);
-  p.x = static_cast<int>(16 / key_cache.element_size());
-  p.max_seq_len = static_cast<int>(std::min<int64_t>(block_tables.size(1) * block_size,
+  p.max_seq_len = static_cast<int>(std::min<int64_t>(a.block_tables.size(1) * block_size,
                                                      2147483647));
   return p;
 }
@@ -423,11 +409,12 @@ void check_attention_data(const char* op, const PagedAttentionParams& p, bool is
 
 namespace {
 
-// Both cache writes: key / value [num_tokens, num_kv_heads, head_size] (one shape and dtype, last
-// dim contiguous) on the device of every other tensor.
-void check_new_tokens(const char* op, const at::Tensor& key, const at::Tensor& value,
-                      const at::Tensor& key_cache, const at::Tensor& value_cache,
-                      const at::Tensor& slot_mapping) {
+// Both cache writes: kv_cache_dtype, and key / value [num_tokens, num_kv_heads, head_size] (one
+// shape and dtype, last dim contiguous) on the device of every other tensor. Returns the cache
+// kind.
+CacheKind check_new_tokens(const char* op, const CacheArgs& a) {
+  const CacheKind cache_kind = parse_kv_cache_dtype(op, a.kv_cache_dtype);
+  const at::Tensor &key = a.key, &value = a.value;
   PA_CHECK(key.dim() == 3, "key shape ", shape_str(key),
            " must be [num_tokens, num_kv_heads, head_size]");
   PA_CHECK(is_attention_dtype(key.scalar_type()), "key dtype ", key.scalar_type(),
@@ -440,84 +427,68 @@ void check_new_tokens(const char* op, const at::Tensor& key, const at::Tensor& v
            "key and value must have a contiguous last dim (got strides ", key.strides(), " and ",
            value.strides(), ")");
   for (auto [t, name] : {std::pair<const at::Tensor*, const char*>{&value, "value"},
-                         {&key_cache, "key_cache"}, {&value_cache, "value_cache"},
-                         {&slot_mapping, "slot_mapping"}}) {
+                         {&a.key_cache, "key_cache"}, {&a.value_cache, "value_cache"},
+                         {&a.slot_mapping, "slot_mapping"}}) {
     check_same_device(op, key, "key", *t, name);
   }
+  return cache_kind;
 }
 
 // Both cache writes: the pointers, scales and token strides (the caller adds the layouts / sizes).
-ReshapeAndCacheParams new_token_params(const char* op, const at::Tensor& key,
-                                       const at::Tensor& value, const at::Tensor& key_cache,
-                                       const at::Tensor& value_cache,
-                                       const at::Tensor& slot_mapping, ScaleArg k_scale,
-                                       ScaleArg v_scale) {
+ReshapeAndCacheParams new_token_params(const char* op, const CacheArgs& a, CacheKind cache_kind) {
   ReshapeAndCacheParams p{};
-  p.key = key.data_ptr();
-  p.value = value.data_ptr();
-  p.key_cache = key_cache.data_ptr();
-  p.value_cache = value_cache.data_ptr();
-  p.slot_mapping = slot_mapping.data_ptr<int64_t>();
-  p.k_scale_ptr = scale_pointer(op, k_scale, "k_scale", key);
-  p.v_scale_ptr = scale_pointer(op, v_scale, "v_scale", key);
-  p.k_scale = static_cast<float>(k_scale.value);
-  p.v_scale = static_cast<float>(v_scale.value);
-  p.key_token_stride = key.stride(0);
-  p.key_head_stride = key.stride(1);
-  p.value_token_stride = value.stride(0);
-  p.value_head_stride = value.stride(1);
+  p.key = a.key.data_ptr();
+  p.value = a.value.data_ptr();
+  p.key_cache = a.key_cache.data_ptr();
+  p.value_cache = a.value_cache.data_ptr();
+  p.slot_mapping = a.slot_mapping.data_ptr<int64_t>();
+  p.k_scale_ptr = scale_pointer(op, a.k_scale, "k_scale", a.key);
+  p.v_scale_ptr = scale_pointer(op, a.v_scale, "v_scale", a.key);
+  p.k_scale = static_cast<float>(a.k_scale.value);
+  p.v_scale = static_cast<float>(a.v_scale.value);
+  p.key_token_stride = a.key.stride(0);
+  p.key_head_stride = a.key.stride(1);
+  p.value_token_stride = a.value.stride(0);
+  p.value_head_stride = a.value.stride(1);
+  p.scalar_kind = scalar_kind_of(a.key.scalar_type());
+  p.cache_kind = cache_kind;
   return p;
 }
 
 }  // namespace
 
-ReshapeAndCacheParams make_cache_params(const char* op, const at::Tensor& key,
-                                        const at::Tensor& value, const at::Tensor& key_cache,
-                                        const at::Tensor& value_cache,
-                                        const at::Tensor& slot_mapping,
-                                        const std::string& kv_cache_dtype, ScaleArg k_scale,
-                                        ScaleArg v_scale) {
-  const CacheKind cache_kind = parse_kv_cache_dtype(op, kv_cache_dtype);
-  check_new_tokens(op, key, value, key_cache, value_cache, slot_mapping);
+ReshapeAndCacheParams make_cache_params(const char* op, const CacheArgs& a) {
+  const CacheKind cache_kind = check_new_tokens(op, a);
   const CacheShape cache =
-      check_caches(op, key_cache, value_cache, cache_kind, key.scalar_type(), "key");
-  const int64_t num_tokens = key.size(0), head_size = key.size(2);
-  PA_CHECK(key.size(1) == cache.num_kv_heads, "key shape ", shape_str(key),
+      check_caches(op, a.key_cache, a.value_cache, cache_kind, a.key.scalar_type(), "key");
+  const int64_t num_tokens = a.key.size(0), head_size = a.key.size(2);
+  PA_CHECK(a.key.size(1) == cache.num_kv_heads, "key shape ", shape_str(a.key),
            " does not match key_cache (num_kv_heads = ", cache.num_kv_heads, ")");
-  check_head_size(op, head_size, key_cache, cache);
-  PA_CHECK(slot_mapping.scalar_type() == at::kLong, "slot_mapping must be int64, got ",
-           slot_mapping.scalar_type());
-  PA_CHECK(slot_mapping.dim() == 1 && slot_mapping.size(0) == num_tokens &&
-               slot_mapping.is_contiguous(),
-           "slot_mapping shape ", shape_str(slot_mapping), " must be [num_tokens = ", num_tokens,
-           "] and contiguous");
+  check_head_size(op, head_size, a.key_cache, cache);
+  PA_CHECK(a.slot_mapping.scalar_type() == at::kLong, "slot_mapping must be int64, got ",
+           a.slot_mapping.scalar_type());
+  PA_CHECK(a.slot_mapping.dim() == 1 && a.slot_mapping.size(0) == num_tokens &&
+               a.slot_mapping.is_contiguous(),
+           "slot_mapping shape ", shape_str(a.slot_mapping), " must be [num_tokens = ",
+           num_tokens, "] and contiguous");
 
-  ReshapeAndCacheParams p =
-      new_token_params(op, key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale);
-  p.k_layout = vllm_key_layout(key_cache.stride(0), key_cache.stride(1), cache.block_size,
+  ReshapeAndCacheParams p = new_token_params(op, a, cache_kind);
+  p.k_layout = vllm_key_layout(a.key_cache.stride(0), a.key_cache.stride(1), cache.block_size,
                                cache.x);
-  p.v_layout = vllm_value_layout(value_cache.stride(0), value_cache.stride(1), cache.block_size);
+  p.v_layout =
+      vllm_value_layout(a.value_cache.stride(0), a.value_cache.stride(1), cache.block_size);
   p.num_tokens = num_tokens;
   p.num_kv_heads = static_cast<int>(cache.num_kv_heads);
   p.head_size = static_cast<int>(head_size);
   p.block_size = static_cast<int>(cache.block_size);
-  p.x = static_cast<int>(cache.x);
   p.num_blocks = cache.num_blocks;
-  p.scalar_kind = scalar_kind_of(key.scalar_type());
-  p.cache_kind = cache_kind;
   return p;
 }
 
-ReshapeAndCacheParams make_flash_cache_params(const char* op, const at::Tensor& key,
-                                              const at::Tensor& value,
-                                              const at::Tensor& key_cache,
-                                              const at::Tensor& value_cache,
-                                              const at::Tensor& slot_mapping,
-                                              const std::string& kv_cache_dtype,
-                                              ScaleArg k_scale, ScaleArg v_scale) {
-  const CacheKind cache_kind = parse_kv_cache_dtype(op, kv_cache_dtype);
-  check_new_tokens(op, key, value, key_cache, value_cache, slot_mapping);
-  check_token_major_caches(op, key_cache, value_cache, cache_kind, key.scalar_type(), "key");
+ReshapeAndCacheParams make_flash_cache_params(const char* op, const CacheArgs& a) {
+  const CacheKind cache_kind = check_new_tokens(op, a);
+  const at::Tensor &key = a.key, &key_cache = a.key_cache, &slot_mapping = a.slot_mapping;
+  check_token_major_caches(op, key_cache, a.value_cache, cache_kind, key.scalar_type(), "key");
   PA_CHECK(key.size(1) == key_cache.size(2), "key shape ", shape_str(key),
            " does not match key_cache (num_kv_heads = key_cache.size(2) = ", key_cache.size(2),
            ")");
@@ -532,18 +503,14 @@ ReshapeAndCacheParams make_flash_cache_params(const char* op, const at::Tensor& 
            " must be [num_tokens] with num_tokens <= key.size(0) = ", key.size(0),
            ", and contiguous");
 
-  ReshapeAndCacheParams p =
-      new_token_params(op, key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale);
+  ReshapeAndCacheParams p = new_token_params(op, a, cache_kind);
   p.k_layout = token_major_of(key_cache);
-  p.v_layout = token_major_of(value_cache);
+  p.v_layout = token_major_of(a.value_cache);
   p.num_tokens = slot_mapping.size(0);
   p.num_kv_heads = static_cast<int>(key_cache.size(2));
   p.head_size = static_cast<int>(key_cache.size(3));
   p.block_size = static_cast<int>(key_cache.size(1));
-  p.x = static_cast<int>(16 / key_cache.element_size());
   p.num_blocks = key_cache.size(0);
-  p.scalar_kind = scalar_kind_of(key.scalar_type());
-  p.cache_kind = cache_kind;
   return p;
 }
 

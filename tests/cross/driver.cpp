@@ -58,13 +58,14 @@ Case read_case(const std::string& path) {
   p.scalar_kind = static_cast<ScalarKind>(h[0]);
   p.cache_kind = static_cast<CacheKind>(h[1]);
   p.num_seqs = h[2], p.num_heads = h[3], p.num_kv_heads = h[4], p.head_size = h[5];
-  p.block_size = h[6], p.x = h[7], p.max_blocks_per_seq = h[8], p.num_blocks = h[9];
+  p.block_size = h[6], p.max_blocks_per_seq = h[8], p.num_blocks = h[9];
+  const int64_t x = h[7];  // vLLM K's chunk (key_cache.size(4))
   p.kv_form = static_cast<KvForm>(h[11]);  // each cache's layout (core/kv_layout.h)
   if (p.kv_form == KvForm::kTokenMajor) {
     p.k_layout = token_major_layout(h[12], h[14], h[13], p.head_size);
     p.v_layout = token_major_layout(h[15], h[17], h[16], p.head_size);
   } else {
-    p.k_layout = vllm_key_layout(h[12], h[13], p.block_size, p.x);
+    p.k_layout = vllm_key_layout(h[12], h[13], p.block_size, x);
     p.v_layout = vllm_value_layout(h[15], h[16], p.block_size);
   }
   p.scale = fl[0], c.k_scale = fl[1], c.v_scale = fl[2], c.atol = fl[3], c.rtol = fl[4];
