@@ -356,6 +356,7 @@ PagedAttentionParams make_attention_params(
   p.block_size = static_cast<int>(block_size);
   p.x = static_cast<int>(cache.x);
   p.max_num_partitions = static_cast<int>(max_num_partitions);
+  p.partition_size = is_v2 ? kPartitionSize : 0;
   p.max_seq_len = static_cast<int>(max_seq_len);
   return p;
 }
