@@ -176,9 +176,9 @@ void run_attention(const char* op, PagedAttentionParams p, const at::Tensor& que
       TORCH_CHECK(plan.num_partitions <= kMaxGridYZ && plan.partition_size > 0, "paged_attn.",
                   op, ": split plan of ", plan.num_partitions, " partitions of ",
                   plan.partition_size, " tokens is outside the CUDA grid");
-      exp_sums = at::empty({p.num_seqs, p.num_heads, plan.num_partitions},
-                           query.options().dtype(at::kFloat));
-      max_logits = at::empty_like(exp_sums);
+      const std::array<int64_t, 3> stats_shape{p.num_seqs, p.num_heads, plan.num_partitions};
+      exp_sums = at::empty(stats_shape, query.options().dtype(at::kFloat));
+      max_logits = at::empty(stats_shape, query.options().dtype(at::kFloat));
       tmp_out = at::empty({p.num_seqs, p.num_heads, plan.num_partitions, p.head_size},
                           query.options());
       p.exp_sums = exp_sums.data_ptr<float>();
