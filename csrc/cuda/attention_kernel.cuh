@@ -22,8 +22,9 @@
 //      token and dim, consecutive lanes reading consecutive dims) and multiplies them in.
 //   4. End of range: each warp merges its lanes' (max, sum) with a butterfly (warp_reduce.cuh),
 //      then the warps' compound states (max, sum, output) are merged through shared memory in warp
-//      order 0, 1, ... (compound_state.h). v1 writes out = output / sum; v2 writes the
-//      partition's max_logits, exp_sums and tmp_out = output / sum (reduce_kernel.cuh combines).
+//      order 0, 1, ... (compound_state.h). One pass writes out = output / sum; a split writes
+//      the partition's max_logits, exp_sums and tmp_out = output / sum (reduce_kernel.cuh
+//      combines).
 //
 // NOTE (robustness, docs/DESIGN.md): the block table and lengths are never trusted.
 //   - A row whose seq_len is < 0, > max_blocks_per_seq * block_size, or (split) needs more than
@@ -39,8 +40,8 @@
 // Blocksparse (docs/CONTRACT.md, core/blocksparse.h): per token, a bit mask of the pass's heads
 // that attend its cache block. A head whose bit is clear gets a -inf logit (probability 0); a
 // block no head of the pass attends is never read, K nor V (it may hold NaN). A head with nothing
-// attended in the range ends with the empty state (max -inf, sum 0, output 0): v1 writes 0, v2
-// writes max_logits -inf, exp_sums 0, tmp_out 0 (weight 0 in the reduce).
+// attended in the range ends with the empty state (max -inf, sum 0, output 0): one pass writes
+// 0, a split writes max_logits -inf, exp_sums 0, tmp_out 0 (weight 0 in the reduce).
 #pragma once
 
 #include <cstdint>
@@ -124,7 +125,7 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   const int partition_size = p.partition_size;
-  const bool is_v2 = partition_size > 0;  // split: write the scratch (v2 or an internal split)
+  const bool is_split = partition_size > 0;  // write the scratch (v2 or the v1 / decode split)
   const int head_size = p.head_size;
   const int block_size = p.block_size;
   const int group = p.num_heads / p.num_kv_heads;  // query heads per KV head
@@ -133,12 +134,12 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
   // ---- row validity (data-dependent; see NOTE at the top) ----
   const int64_t capacity = static_cast<int64_t>(p.max_blocks_per_seq) * block_size;
   bool row_ok = seq_len >= 0 && static_cast<int64_t>(seq_len) <= capacity;
-  if (is_v2) {
+  if (is_split) {
     const int64_t needed = (static_cast<int64_t>(seq_len) + partition_size - 1) / partition_size;
     row_ok = row_ok && needed <= p.max_num_partitions;
   }
   if (!row_ok) {
-    if (!is_v2) {  // v1: this KV head's query heads are consecutive rows of out
+    if (!is_split) {  // one pass: this KV head's query heads are consecutive rows of out
       Scalar* rows = static_cast<Scalar*>(p.out) +
                      (static_cast<int64_t>(seq) * p.num_heads + kv_head * group) * head_size;
       for (int i = threadIdx.x; i < group * head_size; i += kThreads)
@@ -147,11 +148,11 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
     return;  // uniform across the block: no barrier has been reached
   }
   // NOTE: int64: part * partition_size + partition_size may pass INT_MAX on a row near it.
-  const int64_t part_begin = is_v2 ? static_cast<int64_t>(part) * partition_size : 0;
-  if (part_begin >= seq_len && is_v2) return;  // partition past the row: not part of the contract
+  const int64_t part_begin = is_split ? static_cast<int64_t>(part) * partition_size : 0;
+  if (part_begin >= seq_len && is_split) return;  // a partition past the row: nothing to write
   const int tok_begin = static_cast<int>(part_begin);
   const int tok_end =
-      is_v2 ? static_cast<int>(min(static_cast<int64_t>(seq_len), part_begin + partition_size))
+      is_split ? static_cast<int>(min(static_cast<int64_t>(seq_len), part_begin + partition_size))
             : seq_len;
 
   const int32_t* table_row = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
@@ -380,7 +381,7 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
       }
       const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head0 + g;
       const float value = any_bad ? quiet_nan() : total.out[0] * inv_sum(total.stats) * v_scale;
-      if (!is_v2) {
+      if (!is_split) {
         static_cast<Scalar*>(p.out)[row * head_size + d] = from_float<Scalar>(value);
       } else {
         const int64_t prow = row * p.max_num_partitions + part;

@@ -8,9 +8,9 @@
 // sync); launch grids come from shapes only (v2: tmp_out.size(2); v1 / decode: the split plan of
 // core/split_plan.h, from the shapes and the device's SM count), never from seq_lens or
 // max_seq_len. The split's scratch is allocated with at::empty on the current stream (inside a
-// CUDA-graph capture: from the graph's pool). Bad data (block ids, lengths) is the kernels' business: they never read out of
-// bounds and write NaN rows (docs/DESIGN.md); api.paged_attention(..., validate=True) raises
-// instead.
+// CUDA-graph capture: from the graph's pool). Bad data (block ids, lengths) is the kernels'
+// business: they never read out of bounds and write NaN rows (docs/DESIGN.md);
+// api.paged_attention(..., validate=True) raises instead.
 //
 // Arch check: before the first launch on each device, require_kernels_for() decides whether this
 // build's images (build_info.h compiled_archs(): the real -gencode flags) can run on
