@@ -1,5 +1,5 @@
-"""Python API over torch.ops.paged_attn: allocate outputs and scratch, pick v1 or v2 as vLLM
-does, allocate a KV cache in the paged layout; decode over NHD / HND caches.
+"""Python API over torch.ops.paged_attn: allocate outputs and scratch, pick v1 or v2
+(choose_version), allocate a KV cache in the paged layout; decode over NHD / HND caches.
 
 Shapes (CONTRACT.md):
   query        [num_seqs, num_heads, head_size]
@@ -29,9 +29,25 @@ def num_partitions(max_seq_len: int) -> int:
 
 
 def use_v1(max_seq_len: int, num_seqs: int, num_heads: int) -> bool:
-    """vLLM's choice between the single-pass v1 and the partitioned v2."""
+    """vLLM's choice between the single-pass v1 and the partitioned v2 (it counts QUERY heads)."""
     max_num_partitions = num_partitions(max_seq_len)
     return max_seq_len <= 8192 and (max_num_partitions == 1 or num_seqs * num_heads > 512)
+
+
+def choose_version(device: torch.device, max_seq_len: int, num_seqs: int, num_heads: int,
+                   row_capacity: int) -> str:
+    """"v1" or "v2" for version="auto" (docs/CUDA.md "Splitting the KV range").
+
+    CUDA: v1 splits each row across thread blocks itself when num_seqs * num_kv_heads leaves the
+    GPU short of blocks (csrc/core/split_plan.h), choosing from the block table's width
+    (row_capacity = block_tables.size(1) * block_size) and the SM count, and runs one pass without
+    scratch when the rows fill the GPU: v1, unless the table is more than twice as wide as the
+    longest row needs (then most of v1's partitions would lie past the rows, while v2's 512-token
+    partitions follow max_seq_len), where vLLM's rule decides. Elsewhere: vLLM's rule (use_v1).
+    """
+    if device.type == "cuda" and row_capacity <= 2 * max(max_seq_len, PARTITION_SIZE):
+        return "v1"
+    return "v1" if use_v1(max_seq_len, num_seqs, num_heads) else "v2"
 
 
 def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -49,7 +65,8 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     max_seq_len: the longest seq_len (sizes v2's scratch). None reads seq_lens.max(): a host sync
       on CUDA, so pass it on hot paths and under CUDA-graph capture.
     scale: softmax scale, default 1/sqrt(head_size).
-    version: "v1", "v2" or "auto" (vLLM's rule).
+    version: "v1", "v2" or "auto" (choose_version: on CUDA v1, which splits rows itself, unless
+      the block table is much wider than max_seq_len; elsewhere vLLM's rule).
     validate: run the data-dependent checks (block ids, lengths) before the op. They always run on
       the CPU; CUDA kernels skip them to stay sync-free and write NaN rows for invalid input, so
       turn this on while debugging a scheduler on CUDA.
@@ -64,7 +81,8 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     if scale is None:
         scale = 1.0 / math.sqrt(head_size)
     if version == "auto":
-        version = "v1" if use_v1(max_seq_len, num_seqs, num_heads) else "v2"
+        version = choose_version(query.device, max_seq_len, num_seqs, num_heads,
+                                 block_tables.size(1) * block_size)
     if version not in ("v1", "v2"):
         raise ValueError(f"paged_attention: version must be 'v1', 'v2' or 'auto', got {version!r}")
     if out is None:

@@ -519,6 +519,142 @@ def test_decode_long_row(ops):
     _check_decode(ops, inputs)
 
 
+# ---- v1 / decode: the split of rows across thread blocks (csrc/core/split_plan.h) ----
+# One pass when num_seqs * num_kv_heads >= kSplitBlocksPerSm blocks per SM or the block table
+# holds <= 2 tiles (256 tokens); else each row is cut into the plan's partitions, phase 1 writes
+# scratch the op allocates itself and the reduce kernel merges it. tests/test_split_plan.py checks
+# the plan on the host (and that these constants are the header's).
+SPLIT_BLOCKS_PER_SM = 8   # split_plan.h kSplitBlocksPerSm
+ONE_PASS_MAX_TOKENS = 256  # split_plan.h kMinPartitionTiles * the kernel's 128-token tile
+
+
+def _sm_count():
+    return torch.cuda.get_device_properties(DEV).multi_processor_count
+
+
+def _splits(num_seqs, num_kv_heads, inputs):
+    capacity = inputs.block_tables.shape[1] * inputs.block_size
+    return (num_seqs * num_kv_heads < SPLIT_BLOCKS_PER_SM * _sm_count()
+            and capacity > ONE_PASS_MAX_TOKENS)
+
+
+# (name, num_seqs, num_heads, num_kv_heads, head_size, block_size, seq_lens, dtype, alibi): all
+# split on any GPU (a handful of rows, tables far wider than 256 tokens).
+SPLIT_CASES = [
+    ("one-long-row", 1, 4, 1, 64, 16, [100_003], torch.bfloat16, False),
+    ("few-rows-kv1", 4, 8, 1, 128, 16, [3000, 0, 1, 4097], torch.float16, True),
+    ("gqa8", 3, 64, 8, 128, 16, [2000, 0, 513], torch.bfloat16, False),
+    ("empty-rows-and-a-long-one", 5, 8, 2, 64, 8, [0, 20_000, 0, 1, 0], torch.float32, False),
+    ("block-12-per-token-v", 2, 12, 4, 96, 12, [1537, 600], torch.float16, True),
+    ("gqa12-two-passes", 2, 24, 2, 64, 16, [3001, 129], torch.bfloat16, False),
+]
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=[c[0] for c in SPLIT_CASES])
+def test_split_v1_and_decode_match_reference(ops, case):
+    """v1 and decode on shapes the plan splits: against the oracle (NaN-poisoned unused slots,
+    shuffled tables, NaN-prefilled out), decode also against v1."""
+    _, s, h, kvh, d, bs, lens, dtype, alibi = case
+    dec = testing.make_decode_inputs(s, h, kvh, d, bs, lens, layout="hnd", dtype=dtype,
+                                     use_alibi=alibi, device=DEV, seed=sum(lens) % 1000)
+    assert _splits(s, kvh, dec.legacy)
+    _check_v1(ops, dec.legacy)
+    _check_decode(ops, dec)
+
+
+def test_one_pass_when_the_rows_fill_the_gpu(ops):
+    """num_seqs * num_kv_heads >= 8 blocks per SM: one pass, no scratch; and tables of <= 256
+    tokens: one pass whatever the row count. Both against the oracle."""
+    rows = SPLIT_BLOCKS_PER_SM * _sm_count()
+    gen = torch.Generator().manual_seed(31)
+    lens = torch.randint(0, 700, (rows,), generator=gen).tolist()
+    lens[:3] = [0, 1, 699]
+    many = testing.make_decode_inputs(rows, 2, 1, 64, 16, lens, layout="nhd",
+                                      dtype=torch.bfloat16, device=DEV, seed=31)
+    assert not _splits(rows, 1, many.legacy)
+    _check_v1(ops, many.legacy)
+    _check_decode(ops, many)
+    short = testing.make_decode_inputs(3, 8, 2, 128, 16, [200, 0, 90], layout="nhd",
+                                       dtype=torch.float16, device=DEV, seed=32)
+    assert short.block_tables.shape[1] * 16 <= ONE_PASS_MAX_TOKENS
+    assert not _splits(3, 2, short.legacy)
+    _check_v1(ops, short.legacy)
+    _check_decode(ops, short)
+
+
+@pytest.mark.parametrize("op", ["v1", "decode"])
+def test_split_bad_data_gives_nan_rows(ops, op):
+    """On the split path the reduce kernel writes the NaN rows: a used block id past the pool or
+    negative, a negative length, a length past the table's capacity."""
+    lens = [600, 600, 600, 600, 600]
+    dec = testing.make_decode_inputs(5, 8, 2, 64, 16, lens, layout="nhd", dtype=torch.float16,
+                                     device=DEV, seed=33)
+    assert _splits(5, 2, dec.legacy)
+    bt = dec.block_tables  # shared with dec.legacy
+    bt[1, 30] = dec.num_blocks + 1000
+    bt[2, 0] = -7
+    dec.seq_lens[3] = -1
+    dec.seq_lens[4] = bt.shape[1] * dec.block_size + 1
+    if op == "v1":
+        out = call_v1(ops.v1, dec.legacy, alloc_v1_outputs(dec.legacy, fill=0.0))
+    else:
+        out = testing.call_decode(ops.decode, dec, alloc_v1_outputs(dec, fill=0.0))
+    torch.cuda.synchronize()
+    assert _nan_rows(out) == [False, True, True, True, True]
+    good = testing.make_decode_inputs(5, 8, 2, 64, 16, lens, layout="nhd", dtype=torch.float16,
+                                      device=DEV, seed=33)
+    expected = call_v1(reference.paged_attention_v1, good.legacy, alloc_v1_outputs(good.legacy))
+    assert_out_matches(out[:1], expected[:1], torch.float16)
+
+
+@pytest.mark.parametrize("op", ["v1", "decode"])
+def test_split_under_graph_replay_with_new_lengths(ops, op):
+    """v1 / decode captured once on a split shape (the scratch is allocated inside the capture,
+    from the graph's pool; the plan comes from shapes), then replayed with new lengths written
+    in place, including empty rows."""
+    lens = [900, 3, 1500, 64]
+    dec = testing.make_decode_inputs(4, 16, 2, 128, 16, lens, layout="nhd", dtype=torch.bfloat16,
+                                     device=DEV, seed=34)
+    assert _splits(4, 2, dec.legacy)
+    out = alloc_v1_outputs(dec)
+
+    def call():
+        if op == "v1":
+            call_v1(ops.v1, dec.legacy, out)
+        else:
+            testing.call_decode(ops.decode, dec, out)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()  # warm-up outside the graph
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    for new_lens in (lens, [17, 0, 1499, 0], [0, 0, 1, 63]):  # within each row's blocks
+        dec.seq_lens.copy_(torch.tensor(new_lens, dtype=torch.int32))
+        dec.seq_lens_list = new_lens
+        dec.legacy.seq_lens_list = new_lens
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = call_v1(reference.paged_attention_v1, dec.legacy, alloc_v1_outputs(dec.legacy))
+        assert_out_matches(out, want, dec.dtype, name=f"{op} after replay with {new_lens}")
+
+
+def test_split_results_are_deterministic(ops):
+    """The same split call twice gives the same bits (the plan depends on shapes only)."""
+    dec = testing.make_decode_inputs(2, 32, 8, 128, 16, [5000, 700], layout="hnd",
+                                     dtype=torch.bfloat16, device=DEV, seed=35)
+    assert _splits(2, 8, dec.legacy)
+    v1 = [call_v1(ops.v1, dec.legacy, alloc_v1_outputs(dec.legacy)) for _ in range(2)]
+    de = [testing.call_decode(ops.decode, dec, alloc_v1_outputs(dec)) for _ in range(2)]
+    torch.cuda.synchronize()
+    assert torch.equal(v1[0].view(torch.int16), v1[1].view(torch.int16))
+    assert torch.equal(de[0].view(torch.int16), de[1].view(torch.int16))
+
+
 @pytest.mark.parametrize("dtype,kv", [(torch.float32, "auto"), (torch.bfloat16, "auto"),
                                       (torch.float16, "auto"), (torch.float32, "fp8"),
                                       (torch.bfloat16, "fp8_e4m3"), (torch.float16, "fp8_e5m2")])

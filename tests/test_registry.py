@@ -104,6 +104,20 @@ def test_api_version_and_partitions():
     assert pa.api.use_v1(4096, 64, 32) and not pa.api.use_v1(8193, 64, 32)
 
 
+def test_auto_version_on_cuda_is_v1_unless_the_table_is_much_wider_than_the_rows():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")  # a device object: no GPU needed
+    choose = pa.api.choose_version
+    # elsewhere: vLLM's rule, whatever the table
+    assert choose(cpu, 513, 1, 8, 1024) == "v2" and choose(cpu, 4096, 64, 32, 4096) == "v1"
+    # CUDA: v1 splits rows itself (one row of 100k, 8 rows of 1k: vLLM's rule says v2)
+    assert choose(cuda, 100_000, 1, 32, 100_016) == "v1"
+    assert choose(cuda, 1024, 8, 32, 1056) == "v1"
+    assert choose(cuda, 0, 8, 32, 1024) == "v1"  # 2 x max(max_seq_len, 512) = 1024
+    # a table more than twice as wide as the rows need: vLLM's rule
+    assert choose(cuda, 1024, 8, 32, 2049) == "v2"
+    assert choose(cuda, 1024, 64, 32, 32768) == "v1"  # vLLM's rule: many query heads
+
+
 @pytest.mark.parametrize("kv_cache_dtype,storage,x", [("auto", torch.bfloat16, 8),
                                                       ("fp8_e5m2", torch.uint8, 16)])
 def test_allocate_kv_cache_layout(kv_cache_dtype, storage, x):

@@ -142,8 +142,9 @@ def test_v2_decode_matches_transformers_generate(paged_ops, version, prompt_lens
     def counting_decode(query, key_cache, value_cache, num_kv_heads, scale, step):
         chosen = step.version
         if chosen == "auto":
-            chosen = "v1" if paged_tf.use_v1(step.max_seq_len, query.shape[0],
-                                             query.shape[1]) else "v2"
+            chosen = paged_tf.choose_version(query.device, step.max_seq_len, query.shape[0],
+                                             query.shape[1],
+                                             step.block_tables.size(1) * key_cache.size(3))
         calls[chosen] += 1
         return decode(query, key_cache, value_cache, num_kv_heads, scale, step)
 

@@ -12,7 +12,10 @@
 
 namespace paged_attn {
 
-constexpr int kPartitionSize = 512;  // v2 partition length in tokens (CONTRACT.md)
+// v2's partition length in tokens (CONTRACT.md: tmp_out.size(2) counts partitions of this size).
+// The v2 op always uses it; the CUDA v1 / decode split (core/split_plan.h) picks its own size
+// and passes it in PagedAttentionParams::partition_size.
+constexpr int kPartitionSize = 512;
 
 // How the KV cache stores its elements (kv_cache_dtype).
 enum class CacheKind : int {
@@ -74,7 +77,11 @@ struct PagedAttentionParams {
   int block_size;
   int max_blocks_per_seq;  // block_tables.size(1)
   int64_t num_blocks;      // key_cache.size(0): used block ids must lie in [0, num_blocks)
-  int max_num_partitions;  // tmp_out.size(2) (v2); 1 for v1
+  int max_num_partitions;  // tmp_out.size(2) (v2; CUDA split: the plan's count); 1 for v1
+  // Tokens per partition: 0 = one pass over the whole row writing `out` (v1, decode), else
+  // partition z of a row holds tokens [z * partition_size, (z + 1) * partition_size) and writes
+  // the scratch (v2: kPartitionSize; the CUDA v1 / decode split: core/split_plan.h's size).
+  int partition_size;
   int max_seq_len;         // hint only: never used to drop tokens
 
   ScalarKind scalar_kind;

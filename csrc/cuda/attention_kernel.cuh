@@ -1,6 +1,8 @@
-// attention_kernel.cuh — the paged attention kernel: v1 (one pass over the whole row) and v2
-// phase 1 (one 512-token partition per thread block); decode is v1 over token-major caches
-// (p.kv_form, core/kv_layout.h: the same code, K and V addressed through their layouts).
+// attention_kernel.cuh — the paged attention kernel: one pass over the whole row writing `out`
+// (p.partition_size == 0: v1, decode) or phase 1 of a split (one partition of p.partition_size
+// tokens per thread block writing the scratch: v2 with 512, v1 / decode split by
+// core/split_plan.h); decode reads token-major caches (p.kv_form, core/kv_layout.h: the same
+// code, K and V addressed through their layouts).
 // Raw pointers + PagedAttentionParams only.
 //
 // Algorithm. One thread block serves one (sequence, KV head, partition) and ALL the query heads
@@ -20,15 +22,16 @@
 //      token and dim, consecutive lanes reading consecutive dims) and multiplies them in.
 //   4. End of range: each warp merges its lanes' (max, sum) with a butterfly (warp_reduce.cuh),
 //      then the warps' compound states (max, sum, output) are merged through shared memory in warp
-//      order 0, 1, ... (compound_state.h). v1 writes out = output / sum; v2 writes the
-//      partition's max_logits, exp_sums and tmp_out = output / sum (reduce_kernel.cuh combines).
+//      order 0, 1, ... (compound_state.h). One pass writes out = output / sum; a split writes
+//      the partition's max_logits, exp_sums and tmp_out = output / sum (reduce_kernel.cuh
+//      combines).
 //
 // NOTE (robustness, docs/DESIGN.md): the block table and lengths are never trusted.
-//   - A row whose seq_len is < 0, > max_blocks_per_seq * block_size, or (v2) needs more than
-//     max_num_partitions partitions reads nothing: v1 writes NaN to its out rows, v2 writes
-//     nothing and the reduce kernel writes NaN.
+//   - A row whose seq_len is < 0, > max_blocks_per_seq * block_size, or (split) needs more than
+//     max_num_partitions partitions reads nothing: one pass writes NaN to its out rows, a split
+//     writes nothing and the reduce kernel writes NaN.
 //   - A used block id outside [0, num_blocks) is never dereferenced; the block's outputs become
-//     NaN (v2: max_logits / exp_sums NaN, which the reduce kernel turns into a NaN row).
+//     NaN (split: max_logits / exp_sums NaN, which the reduce kernel turns into a NaN row).
 //   - Tokens >= the range end are never read for K, and their V values are ZEROED before the
 //     multiply (0 * NaN = NaN: a probability of 0 is not enough when unused slots hold NaN).
 //   - Block offsets are int64 (block_id * k_layout.block_stride overflows int32 on large pools).
@@ -37,8 +40,8 @@
 // Blocksparse (docs/CONTRACT.md, core/blocksparse.h): per token, a bit mask of the pass's heads
 // that attend its cache block. A head whose bit is clear gets a -inf logit (probability 0); a
 // block no head of the pass attends is never read, K nor V (it may hold NaN). A head with nothing
-// attended in the range ends with the empty state (max -inf, sum 0, output 0): v1 writes 0, v2
-// writes max_logits -inf, exp_sums 0, tmp_out 0 (weight 0 in the reduce).
+// attended in the range ends with the empty state (max -inf, sum 0, output 0): one pass writes
+// 0, a split writes max_logits -inf, exp_sums 0, tmp_out 0 (weight 0 in the reduce).
 #pragma once
 
 #include <cstdint>
@@ -79,10 +82,11 @@ __device__ __forceinline__ uint32_t attending_heads(const PagedAttentionParams& 
   return mask;
 }
 
-// Grid: (num_seqs, num_kv_heads, num_partitions)  [v1: num_partitions = 1]
+// Grid: (num_seqs, num_kv_heads, num_partitions)  [one pass: num_partitions = 1]
 // Block: kNumWarps * kWarpSize threads.
-// partition_size: kPartitionSize for v2 (block z handles tokens [z * 512, (z + 1) * 512)),
-//                 0 for v1 (one block handles the whole row and writes `out`).
+// p.partition_size > 0: a split (block z handles tokens [z * size, (z + 1) * size) and writes
+//                       the scratch; v2: 512), 0: one pass (the block handles the whole row and
+//                       writes `out`).
 // Scalar: query / out / tmp_out type. kCache: "auto" (cache elements are Scalar) or an fp8
 // format (cache elements are uint8_t bytes). kDimsPerLane = ceil(head_size / kWarpSize) (head_size itself is runtime).
 // kHeadTile: query heads per pass (>= the GQA ratio when it is <= 8).
@@ -100,7 +104,7 @@ template <typename Scalar, CacheKind kCache, int kDimsPerLane, int kHeadTile, in
           int kNumWarps>
 __global__ void __launch_bounds__(kNumWarps* kWarpSize,
                                   attention_min_blocks<kDimsPerLane, kHeadTile>())
-    paged_attention_kernel(const PagedAttentionParams p, const int partition_size) {
+    paged_attention_kernel(const PagedAttentionParams p) {
   using CacheT = typename CacheElement<Scalar, kCache>::type;
   constexpr int kThreads = kNumWarps * kWarpSize;
   constexpr int kMaxDims = kDimsPerLane * kWarpSize;
@@ -120,7 +124,8 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
   const int part = blockIdx.z;
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
-  const bool is_v2 = partition_size > 0;
+  const int partition_size = p.partition_size;
+  const bool is_split = partition_size > 0;  // write the scratch (v2 or the v1 / decode split)
   const int head_size = p.head_size;
   const int block_size = p.block_size;
   const int group = p.num_heads / p.num_kv_heads;  // query heads per KV head
@@ -129,12 +134,12 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
   // ---- row validity (data-dependent; see NOTE at the top) ----
   const int64_t capacity = static_cast<int64_t>(p.max_blocks_per_seq) * block_size;
   bool row_ok = seq_len >= 0 && static_cast<int64_t>(seq_len) <= capacity;
-  if (is_v2) {
+  if (is_split) {
     const int64_t needed = (static_cast<int64_t>(seq_len) + partition_size - 1) / partition_size;
     row_ok = row_ok && needed <= p.max_num_partitions;
   }
   if (!row_ok) {
-    if (!is_v2) {  // v1: this KV head's query heads are consecutive rows of out
+    if (!is_split) {  // one pass: this KV head's query heads are consecutive rows of out
       Scalar* rows = static_cast<Scalar*>(p.out) +
                      (static_cast<int64_t>(seq) * p.num_heads + kv_head * group) * head_size;
       for (int i = threadIdx.x; i < group * head_size; i += kThreads)
@@ -142,9 +147,13 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
     }
     return;  // uniform across the block: no barrier has been reached
   }
-  const int tok_begin = is_v2 ? part * partition_size : 0;
-  if (tok_begin >= seq_len && is_v2) return;  // partition past the row: not part of the contract
-  const int tok_end = is_v2 ? min(seq_len, tok_begin + partition_size) : seq_len;
+  // NOTE: int64: part * partition_size + partition_size may pass INT_MAX on a row near it.
+  const int64_t part_begin = is_split ? static_cast<int64_t>(part) * partition_size : 0;
+  if (part_begin >= seq_len && is_split) return;  // a partition past the row: nothing to write
+  const int tok_begin = static_cast<int>(part_begin);
+  const int tok_end =
+      is_split ? static_cast<int>(min(static_cast<int64_t>(seq_len), part_begin + partition_size))
+            : seq_len;
 
   const int32_t* table_row = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
   const CacheT* k_head = static_cast<const CacheT*>(p.key_cache) +
@@ -372,7 +381,7 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
       }
       const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head0 + g;
       const float value = any_bad ? quiet_nan() : total.out[0] * inv_sum(total.stats) * v_scale;
-      if (!is_v2) {
+      if (!is_split) {
         static_cast<Scalar*>(p.out)[row * head_size + d] = from_float<Scalar>(value);
       } else {
         const int64_t prow = row * p.max_num_partitions + part;

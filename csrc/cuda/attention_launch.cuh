@@ -27,17 +27,16 @@ template <>
 struct ScalarOf<ScalarKind::kBFloat16> { using type = __nv_bfloat16; };
 
 template <ScalarKind kScalar, CacheKind kCache>
-void launch_paged_attention(const PagedAttentionParams& p, bool is_v2, cudaStream_t stream) {
+void launch_paged_attention(const PagedAttentionParams& p, cudaStream_t stream) {
   using Scalar = typename ScalarOf<kScalar>::type;
-  const dim3 grid(p.num_seqs, p.num_kv_heads, is_v2 ? p.max_num_partitions : 1);
-  const int partition_size = is_v2 ? kPartitionSize : 0;
+  const dim3 grid(p.num_seqs, p.num_kv_heads, p.partition_size > 0 ? p.max_num_partitions : 1);
   const int group = p.num_heads / p.num_kv_heads;
   dispatch_head_size(p.head_size, [&](auto dims_per_lane) {
     dispatch_head_tile(group, [&](auto head_tile) {
       constexpr int kDimsPerLane = decltype(dims_per_lane)::value;
       constexpr int kHeadTile = decltype(head_tile)::value;
       paged_attention_kernel<Scalar, kCache, kDimsPerLane, kHeadTile, kWarpSize, kNumWarps>
-          <<<grid, kThreads, 0, stream>>>(p, partition_size);
+          <<<grid, kThreads, 0, stream>>>(p);
     });
   });
 }

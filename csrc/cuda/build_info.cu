@@ -40,7 +40,7 @@ const char* cache_name(CacheKind c) {
   return "?";
 }
 
-using AttentionLauncher = void (*)(const PagedAttentionParams&, bool, cudaStream_t);
+using AttentionLauncher = void (*)(const PagedAttentionParams&, cudaStream_t);
 
 template <std::size_t... I>
 constexpr auto launchers_of(std::index_sequence<I...>) {

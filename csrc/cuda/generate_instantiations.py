@@ -29,7 +29,7 @@ namespace paged_attn {{
 namespace cuda {{
 
 template void launch_paged_attention<ScalarKind::{scalar}, CacheKind::{cache}>(
-    const PagedAttentionParams&, bool, cudaStream_t);
+    const PagedAttentionParams&, cudaStream_t);
 {reduce}
 }}  // namespace cuda
 }}  // namespace paged_attn

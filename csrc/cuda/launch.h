@@ -11,14 +11,15 @@
 namespace paged_attn {
 namespace cuda {
 
-// v1 (is_v2 = false; grid (num_seqs, num_kv_heads, 1), writes p.out) or v2 phase 1 (grid
-// (num_seqs, num_kv_heads, p.max_num_partitions), writes the scratch). Preconditions: the params
-// passed make_attention_params, the head size is listed in dispatch.cuh, num_seqs > 0,
-// max_num_partitions <= 65535, K/V 16-byte aligned.
+// One pass (p.partition_size == 0; grid (num_seqs, num_kv_heads, 1), writes p.out) or phase 1
+// of a split (p.partition_size > 0: v2's 512 or a core/split_plan.h plan; grid (num_seqs,
+// num_kv_heads, p.max_num_partitions), writes the scratch). Preconditions: the params passed
+// make_attention_params / make_decode_params, the head size is listed in dispatch.cuh,
+// num_seqs > 0, max_num_partitions <= 65535, K/V 16-byte aligned.
 template <ScalarKind kScalar, CacheKind kCache>
-void launch_paged_attention(const PagedAttentionParams& p, bool is_v2, cudaStream_t stream);
+void launch_paged_attention(const PagedAttentionParams& p, cudaStream_t stream);
 
-// v2 phase 2; grid (num_seqs, num_heads), writes p.out.
+// Phase 2 of a split (p.partition_size > 0); grid (num_seqs, num_heads), writes p.out.
 template <ScalarKind kScalar>
 void launch_v2_reduce(const PagedAttentionParams& p, cudaStream_t stream);
 

@@ -5,10 +5,12 @@
 // and reshape_and_cache_flash.
 //
 // NOTE: graph-safe. Nothing here reads tensor data on the host (no data checks, no .item(), no
-// sync); launch grids come from shapes only (v2: tmp_out.size(2)), never from seq_lens or
-// max_seq_len. Bad data (block ids, lengths) is the kernels' business: they never read out of
-// bounds and write NaN rows (docs/DESIGN.md); api.paged_attention(..., validate=True) raises
-// instead.
+// sync); launch grids come from shapes only (v2: tmp_out.size(2); v1 / decode: the split plan of
+// core/split_plan.h, from the shapes and the device's SM count), never from seq_lens or
+// max_seq_len. The split's scratch is allocated with at::empty on the current stream (inside a
+// CUDA-graph capture: from the graph's pool). Bad data (block ids, lengths) is the kernels'
+// business: they never read out of bounds and write NaN rows (docs/DESIGN.md);
+// api.paged_attention(..., validate=True) raises instead.
 //
 // Arch check: before the first launch on each device, require_kernels_for() decides whether this
 // build's images (build_info.h compiled_archs(): the real -gencode flags) can run on
@@ -16,6 +18,7 @@
 // an error naming the GPU's arch, the compiled archs and the rebuild command. The answer is cached
 // per device: later calls cost one atomic load (no CUDA call, no sync).
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -27,6 +30,7 @@
 #include <string>
 
 #include "../core/cuda_arch.h"
+#include "../core/split_plan.h"
 #include "../torch_glue/overloads.h"
 #include "build_info.h"
 #include "dispatch.cuh"
@@ -92,6 +96,18 @@ void require_kernels_for(c10::DeviceIndex device) {
   TORCH_CHECK(state == 1, g_device_error[device]);
 }
 
+// Multiprocessors of each device, read once (cudaDeviceGetAttribute: no sync) and cached; 0: not
+// read yet. Hot path: one atomic load. The device index was checked by require_kernels_for.
+std::array<std::atomic<int>, kMaxDevices> g_sm_count{};
+
+int sm_count_of(c10::DeviceIndex device) {
+  int count = g_sm_count[device].load(std::memory_order_relaxed);
+  if (C10_LIKELY(count > 0)) return count;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  g_sm_count[device].store(count, std::memory_order_relaxed);  // a racing writer stores the same
+  return count;
+}
+
 // Checks the CUDA kernels add to make_attention_params' (shapes only, no data).
 void check_cuda_attention(const char* op, const PagedAttentionParams& p) {
   TORCH_CHECK_VALUE(cuda::is_supported_head_size(p.head_size), "paged_attn.", op,
@@ -122,16 +138,16 @@ void check_cuda_attention(const char* op, const PagedAttentionParams& p) {
 
 // One branch per pair of dispatch.cuh's PAGED_ATTN_CUDA_PAIRS (the build compiles each pair's
 // kernels in a file generated from the same list).
-void launch_attention(const PagedAttentionParams& p, bool is_v2, cudaStream_t stream) {
-#define PAGED_ATTN_LAUNCH_PAIR(S, C)                                                \
-  if (p.scalar_kind == ScalarKind::S && p.cache_kind == CacheKind::C)               \
-    return cuda::launch_paged_attention<ScalarKind::S, CacheKind::C>(p, is_v2, stream);
+void launch_attention(const PagedAttentionParams& p, cudaStream_t stream) {
+#define PAGED_ATTN_LAUNCH_PAIR(S, C)                                  \
+  if (p.scalar_kind == ScalarKind::S && p.cache_kind == CacheKind::C) \
+    return cuda::launch_paged_attention<ScalarKind::S, CacheKind::C>(p, stream);
   PAGED_ATTN_CUDA_PAIRS(PAGED_ATTN_LAUNCH_PAIR)
 #undef PAGED_ATTN_LAUNCH_PAIR
   TORCH_CHECK(false, "paged_attn: no CUDA kernel compiled for this query dtype and cache kind");
 }
 
-// The v2 reduce kernel of each query dtype of PAGED_ATTN_CUDA_PAIRS.
+// The reduce kernel (phase 2 of a split) of each query dtype of PAGED_ATTN_CUDA_PAIRS.
 void launch_reduce(const PagedAttentionParams& p, cudaStream_t stream) {
 #define PAGED_ATTN_LAUNCH_REDUCE(S, C) \
   if (p.scalar_kind == ScalarKind::S) return cuda::launch_v2_reduce<ScalarKind::S>(p, stream);
@@ -140,19 +156,58 @@ void launch_reduce(const PagedAttentionParams& p, cudaStream_t stream) {
   TORCH_CHECK(false, "paged_attn: no CUDA v2 reduce kernel compiled for this query dtype");
 }
 
-// v1, decode (is_v2 false; decode: v1's kernel over token-major caches, p.kv_form) or v2.
+// The query dtype of params (the split's tmp_out has it).
+at::ScalarType scalar_type_of(ScalarKind kind) {
+  switch (kind) {
+    case ScalarKind::kFloat32: return at::kFloat;
+    case ScalarKind::kFloat16: return at::kHalf;
+    case ScalarKind::kBFloat16: return at::kBFloat16;
+  }
+  TORCH_CHECK(false, "paged_attn: unknown query dtype kind");
+}
+
+// v1, decode (is_v2 false, p.partition_size 0; decode: v1's kernel over token-major caches,
+// p.kv_form): one pass when the rows fill the GPU, else the split that plan_split chooses from
+// the shapes, with its scratch allocated here on the current stream:
+//   exp_sums, max_logits float32 [num_seqs, num_heads, P]; tmp_out [num_seqs, num_heads, P,
+//   head_size] in the query dtype (P = plan.num_partitions).
+// v2 (p.partition_size 512, the caller's scratch): phase 1 and the reduce.
 // NOTE: the params were made (validated) before the device guard: the guard itself raises a
 // RuntimeError on some bad inputs (mixed devices), where the contract wants make_*_params'
 // ValueError.
-void attention(const char* op, const PagedAttentionParams& p, bool is_v2, c10::Device device) {
-  check_cuda_attention(op, p);
+void attention(const char* op, const PagedAttentionParams& params, bool is_v2,
+               c10::Device device) {
+  check_cuda_attention(op, params);
   const c10::cuda::CUDAGuard device_guard(device);
   require_kernels_for(device.index());
-  if (p.num_seqs == 0 || p.num_heads == 0) return;
+  if (params.num_seqs == 0 || params.num_heads == 0) return;
+  PagedAttentionParams p = params;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  launch_attention(p, is_v2, stream);
+  at::Tensor exp_sums, max_logits, tmp_out;  // a split's scratch, alive until both launches
+  if (!is_v2) {
+    const SplitPlan plan = plan_split(
+        {p.num_seqs, p.num_kv_heads, static_cast<int64_t>(p.max_blocks_per_seq) * p.block_size,
+         sm_count_of(device.index()), cuda::kThreads});
+    if (plan.split()) {
+      TORCH_CHECK(plan.num_partitions <= kMaxGridYZ && plan.partition_size > 0, "paged_attn.",
+                  op, ": split plan of ", plan.num_partitions, " partitions of ",
+                  plan.partition_size, " tokens is outside the CUDA grid");
+      const auto options = at::TensorOptions().device(device);
+      const std::array<int64_t, 3> stats_shape{p.num_seqs, p.num_heads, plan.num_partitions};
+      exp_sums = at::empty(stats_shape, options.dtype(at::kFloat));
+      max_logits = at::empty(stats_shape, options.dtype(at::kFloat));
+      tmp_out = at::empty({p.num_seqs, p.num_heads, plan.num_partitions, p.head_size},
+                          options.dtype(scalar_type_of(p.scalar_kind)));
+      p.exp_sums = exp_sums.data_ptr<float>();
+      p.max_logits = max_logits.data_ptr<float>();
+      p.tmp_out = tmp_out.data_ptr();
+      p.max_num_partitions = plan.num_partitions;
+      p.partition_size = plan.partition_size;
+    }
+  }
+  launch_attention(p, stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  if (is_v2) {
+  if (p.partition_size > 0) {
     launch_reduce(p, stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }

@@ -1,4 +1,5 @@
-// reduce_kernel.cuh — v2 phase 2: combine a row's partitions by the log-sum-exp rule.
+// reduce_kernel.cuh — phase 2 of a split (v2, and the CUDA v1 / decode split): combine a row's
+// partitions of p.partition_size tokens by the log-sum-exp rule.
 //
 // Partition p of a row holds its max logit m_p, its exp sum s_p and its output normalised by s_p
 // (attention_kernel.cuh). With (M, S) the merge of all (m_p, s_p) (compound_state.h merge_stats),
@@ -23,7 +24,7 @@
 namespace paged_attn {
 namespace cuda {
 
-// Grid: (num_seqs, num_heads)
+// Grid: (num_seqs, num_heads); p.partition_size > 0.
 // Block: kNumWarps * kWarpSize threads; head_size <= kMaxHeadSize.
 template <typename Scalar, int kWarpSize, int kNumWarps, int kMaxHeadSize>
 __global__ void __launch_bounds__(kNumWarps* kWarpSize)
@@ -41,7 +42,8 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize)
 
   const int seq_len = p.seq_lens[seq];
   const int64_t capacity = static_cast<int64_t>(p.max_blocks_per_seq) * p.block_size;
-  const int64_t needed = (static_cast<int64_t>(seq_len) + kPartitionSize - 1) / kPartitionSize;
+  const int64_t needed =
+      (static_cast<int64_t>(seq_len) + p.partition_size - 1) / p.partition_size;
   if (seq_len < 0 || seq_len > capacity || needed > p.max_num_partitions) {
     for (int d = threadIdx.x; d < head_size; d += kThreads) out[d] = from_float<Scalar>(__int_as_float(0x7fc00000));
     return;

@@ -357,6 +357,7 @@ PagedAttentionParams make_attention_params(const char* op, const AttentionArgs& 
   p.num_kv_heads = static_cast<int>(a.num_kv_heads);
   p.block_size = static_cast<int>(a.block_size);
   p.max_num_partitions = static_cast<int>(max_num_partitions);
+  p.partition_size = is_v2 ? kPartitionSize : 0;
   p.max_seq_len = static_cast<int>(a.max_seq_len);
   return p;
 }

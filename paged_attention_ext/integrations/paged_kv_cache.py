@@ -32,7 +32,7 @@ class StepMetadata:
     max_seq_len: int  # max(seq_lens), kept on the host so no op call needs a device sync
     query_lens: List[int]  # new tokens of each sequence in this step
     alibi_slopes: Optional[torch.Tensor] = None  # float32 [num_heads] or None
-    version: str = "auto"  # "v1", "v2" or "auto" (vLLM's rule, api.use_v1)
+    version: str = "auto"  # "v1", "v2" or "auto" (api.choose_version)
     _v2_scratch: Dict[tuple, tuple] = field(default_factory=dict, repr=False)
 
     def v2_scratch(self, num_heads: int, head_size: int, dtype: torch.dtype):

@@ -13,7 +13,7 @@ How it plugs in (transformers' own extension points; nothing in transformers is 
       prefill (q_len > 1, fresh sequences): causal attention over the prompt's own K/V with
         transformers' sdpa function (the model's own prefill path);
       decode (q_len == 1; sequences of different lengths batched): `torch.ops.paged_attn.v1`
-        or `v2` (vLLM's rule, api.use_v1) over the paged cache.
+        or `v2` (api.choose_version) over the paged cache.
   - `generate_greedy(model, prompts, max_new_tokens)` drives it: prefill each prompt, then
     decode all sequences together, one token per step.
 
@@ -39,7 +39,7 @@ if not hasattr(transformers, "AttentionInterface"):  # absent in 4.50; 4.53 is t
                       f"(transformers.AttentionInterface); found {transformers.__version__}")
 
 from .. import op_args  # noqa: E402
-from ..api import use_v1  # noqa: E402
+from ..api import choose_version  # noqa: E402
 from .paged_kv_cache import PagedKVCache, StepMetadata  # noqa: E402
 
 ATTN_IMPLEMENTATION = "paged_attn"
@@ -110,7 +110,8 @@ def _decode(query, key_cache, value_cache, num_kv_heads, scale, step):
     num_seqs, num_heads, head_size = query.shape
     version = step.version
     if version == "auto":
-        version = "v1" if use_v1(step.max_seq_len, num_seqs, num_heads) else "v2"
+        version = choose_version(query.device, step.max_seq_len, num_seqs, num_heads,
+                                 step.block_tables.size(1) * key_cache.size(3))
     out = torch.empty(num_seqs, num_heads, head_size, dtype=query.dtype, device=query.device)
     args = op_args.V1Args(out, query, key_cache, value_cache, num_kv_heads, scale,
                           step.block_tables, step.seq_lens, key_cache.size(3), step.max_seq_len,
@@ -184,7 +185,8 @@ def generate_greedy(model, prompts: Sequence[torch.Tensor], max_new_tokens: int,
     num_blocks: pool size (default: what the prompts and new tokens need, twice over, so that
       shuffled blocks scatter). seed: shuffle the free block list (None: blocks in order).
     poison: fill the pool with NaN first (slots nobody wrote must never reach the output).
-    version: "v1", "v2" or "auto" (vLLM's rule). No EOS handling: exactly max_new_tokens each.
+    version: "v1", "v2" or "auto" (api.choose_version). No EOS handling: exactly max_new_tokens
+      each.
     """
     if model.config._attn_implementation != ATTN_IMPLEMENTATION:
         raise ValueError(
