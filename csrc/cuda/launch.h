@@ -18,6 +18,11 @@ namespace cuda {
 template <ScalarKind kScalar, CacheKind kCache>
 void launch_paged_attention(const PagedAttentionParams& p, bool is_v2, cudaStream_t stream);
 
+// The same with the pipelined kernel (attention_kernel_pipelined.cuh); same preconditions.
+template <ScalarKind kScalar, CacheKind kCache>
+void launch_paged_attention_pipelined(const PagedAttentionParams& p, bool is_v2,
+                                      cudaStream_t stream);
+
 // v2 phase 2; grid (num_seqs, num_heads), writes p.out.
 template <ScalarKind kScalar>
 void launch_v2_reduce(const PagedAttentionParams& p, cudaStream_t stream);
