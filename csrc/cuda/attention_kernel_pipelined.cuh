@@ -1,9 +1,9 @@
-// attention_kernel_pipelined.cuh — the pipelined paged attention kernel: the same contract, params,
-// grid and outputs as attention_kernel.cuh (v1, v2 phase 1, decode over vLLM and token-major
-// caches; every dtype / cache kind; GQA head tiles; ALiBi; blocksparse; the robustness rules of
-// the NOTE at the top of attention_kernel.cuh), built to keep more bytes in flight: K and V reach
-// the registers through a multi-stage shared-memory ring filled with cp.async, so a warp has
-// several tiles of K and V in flight while it computes on an earlier one.
+// attention_kernel_pipelined.cuh — the pipelined paged attention kernel: the same contract,
+// params, grid and outputs as attention_kernel.cuh (v1, v2 phase 1, decode over vLLM and
+// token-major caches; every dtype / cache kind; GQA head tiles; ALiBi; blocksparse; the
+// robustness rules of the NOTE at the top of attention_kernel.cuh), built to keep more bytes in
+// flight: K and V reach the registers through a multi-stage shared-memory ring filled with
+// cp.async, so a warp has several tiles of K and V in flight while it computes on an earlier one.
 // Selected at run time against the baseline kernel (docs/CUDA.md "Kernel choice").
 //
 // Design.
@@ -12,16 +12,19 @@
 //   of kTileTokens tokens; tile i goes to warp i % kNumWarps, so the warps together stream
 //   4 * kTileTokens consecutive tokens.
 // - Tile size: a tile's K is at most kKTileBudget (2 KiB) at the instantiation's largest head
-//   size: kTileTokens = the largest power of two <= 2048 / (kMaxDims * element size), at least
-//   one 16-byte chunk of V (16 / element size tokens) and at most 32. fp32/bf16/fp8 at head 128:
-//   4 / 8 / 16 tokens.
+//   size, so that a stage stays small and several fit: kTileTokens = the largest power of two
+//   <= 2048 / (kMaxDims * element size), at least one 16-byte chunk of V (16 / element size
+//   tokens) and at most 32. fp32 / bf16 / fp8 at head 128: 4 / 8 / 16 tokens.
 // - Ring: each warp owns kStages slots (no block-wide barrier in the loop: a warp's tiles are its
 //   own), each slot holding one tile's K and V (a stage). kStages = kRingBudget (16 KiB) / stage
-//   size, clamped to [2, 4]: 3 at head 128 for every dtype. The warp issues tile m + kStages - 1
-//   while it computes tile m, so kStages - 1 stages (~8 KiB at head 128) are in flight per warp.
+//   size, clamped to [2, 4]: at head 128, 4 (fp32) or 3 (bf16 / fp16, fp8), so that a block of
+//   the GQA-4 tile takes ~58 KiB and three fit an H200 SM (as its registers allow). The warp
+//   issues tile m + kStages - 1 while it computes tile m: kStages - 1 stages in flight per warp.
 // - Copies: cp.async.cg 16 bytes (sm_80+; a synchronous 16-byte copy on older archs), src-size 0
 //   (zero-fill, nothing read) for tokens past the range, bad block ids and blocks no head of the
 //   pass attends; a chunk of vLLM V partly past the range reads only the tokens in the range.
+//   Tiles start at multiples of kTileTokens from the partition start (partition sizes are
+//   multiples of 32 tokens, static_assert below), so a vLLM V chunk never straddles two blocks.
 //   Lanes < kTileTokens first resolve their token's block (the one block-table read per token),
 //   its blocksparse head mask and its K / V offsets; the chunks then go to lanes so that
 //   consecutive lanes copy consecutive 16-byte runs of the cache: vLLM K: chunk i of consecutive
@@ -126,7 +129,7 @@ constexpr int clamp_int(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? 
 constexpr int max_int(int a, int b) { return a > b ? a : b; }
 
 constexpr int kKTileBudget = 2048;      // bytes of K per tile at the largest head size
-constexpr int kRingBudget = 16 * 1024;  // bytes of ring per warp
+constexpr int kRingBudget = 16 * 1024;  // bytes of ring per warp (3 blocks of head 128 per H200 SM)
 
 // Every size of the pipelined kernel for one instantiation (bytes unless named otherwise).
 template <typename CacheT, int kDimsPerLane, int kHeadTile, int kWarpSize, int kNumWarps>
@@ -168,6 +171,8 @@ struct PipelineConfig {
   static_assert(kKRowBytes % 16 == 0 && kVRowBytes % 16 == 0 && kStageBytes % 16 == 0,
                 "16-byte aligned rows");
   static_assert(kPartitionSize % kWarpSize == 0, "partitions are whole tiles");
+  static_assert(kSmemBytes <= 99 * 1024,
+                "fits the smallest opt-in shared memory of sm_80 and newer (sm_86: 99 KiB)");
 };
 
 // Resident blocks per SM promised to ptxas (a register cap of 65536 / (128 * n)): 3 (168
@@ -250,7 +255,8 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
                          static_cast<int64_t>(kv_head) * p.k_layout.head_stride;
   const CacheT* v_head = static_cast<const CacheT*>(p.value_cache) +
                          static_cast<int64_t>(kv_head) * p.v_layout.head_stride;
-  const Scalar* q_row = static_cast<const Scalar*>(p.query) + static_cast<int64_t>(seq) * p.q_seq_stride;
+  const Scalar* q_row =
+      static_cast<const Scalar*>(p.query) + static_cast<int64_t>(seq) * p.q_seq_stride;
   float k_scale = 1.0f, v_scale = 1.0f;
   if (kFp8) {
     k_scale = p.k_scale_ptr != nullptr ? *p.k_scale_ptr : p.k_scale;
