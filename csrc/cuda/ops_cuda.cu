@@ -32,6 +32,7 @@
 #include "../torch_glue/validate.h"
 #include "build_info.h"
 #include "dispatch.cuh"
+#include "kernel_choice.h"
 #include "launch.h"
 
 namespace paged_attn {
@@ -124,11 +125,22 @@ void check_cuda_attention(const char* op, const PagedAttentionParams& p,
 }
 
 // One branch per pair of dispatch.cuh's PAGED_ATTN_CUDA_PAIRS (the build compiles each pair's
-// kernels in a file generated from the same list).
-void launch_attention(const PagedAttentionParams& p, bool is_v2, cudaStream_t stream) {
-#define PAGED_ATTN_LAUNCH_PAIR(S, C)                                                \
-  if (p.scalar_kind == ScalarKind::S && p.cache_kind == CacheKind::C)               \
-    return cuda::launch_paged_attention<ScalarKind::S, CacheKind::C>(p, is_v2, stream);
+// kernels in a file generated from the same list), onto the kernel kernel_choice.h picks for the
+// device (PAGED_ATTN_CUDA_KERNEL, else the rule; a bad setting raises here).
+void launch_attention(const PagedAttentionParams& p, bool is_v2, cudaStream_t stream,
+                      c10::DeviceIndex device) {
+  std::string error;
+  const cuda::AttentionKernel kernel = cuda::choose_attention_kernel(device, &error);
+  TORCH_CHECK(error.empty(), "paged_attn: ", error);
+  cuda::count_attention_launch(kernel);
+  const bool pipelined = kernel == cuda::AttentionKernel::kPipelined;
+#define PAGED_ATTN_LAUNCH_PAIR(S, C)                                                    \
+  if (p.scalar_kind == ScalarKind::S && p.cache_kind == CacheKind::C) {                 \
+    if (pipelined)                                                                      \
+      return cuda::launch_paged_attention_pipelined<ScalarKind::S, CacheKind::C>(p, is_v2, \
+                                                                                 stream); \
+    return cuda::launch_paged_attention<ScalarKind::S, CacheKind::C>(p, is_v2, stream);   \
+  }
   PAGED_ATTN_CUDA_PAIRS(PAGED_ATTN_LAUNCH_PAIR)
 #undef PAGED_ATTN_LAUNCH_PAIR
   TORCH_CHECK(false, "paged_attn: no CUDA kernel compiled for this query dtype and cache kind");
@@ -164,7 +176,7 @@ void attention(const char* op, const at::Tensor& out, const at::Tensor* exp_sums
   if (p.num_seqs == 0 || p.num_heads == 0) return;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const bool is_v2 = tmp_out != nullptr;
-  launch_attention(p, is_v2, stream);
+  launch_attention(p, is_v2, stream, query.device().index());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (is_v2) {
     launch_reduce(p, stream);
@@ -186,7 +198,8 @@ void decode(const char* op, const at::Tensor& out, const at::Tensor& query,
   const c10::cuda::CUDAGuard device_guard(query.device());
   require_kernels_for(query.device().index());
   if (p.num_seqs == 0 || p.num_heads == 0) return;
-  launch_attention(p, /*is_v2=*/false, c10::cuda::getCurrentCUDAStream());
+  launch_attention(p, /*is_v2=*/false, c10::cuda::getCurrentCUDAStream(),
+                   query.device().index());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
