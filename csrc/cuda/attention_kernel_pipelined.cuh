@@ -29,8 +29,9 @@
 //   its blocksparse head mask and its K / V offsets; the chunks then go to lanes so that
 //   consecutive lanes copy consecutive 16-byte runs of the cache: vLLM K: chunk i of consecutive
 //   tokens (contiguous within a cache block); vLLM V: consecutive token groups of one dim
-//   (contiguous within a block); token-major K / V: consecutive chunks of one token's row. Each
-//   chunk's token info comes from its owner lane by shuffle. vLLM V whose block size is not a
+//   (contiguous within a block); token-major K / V: consecutive chunks of one token's row. A
+//   chunk's token info comes from its owner lane by shuffle (for vLLM caches once per tile: a
+//   lane's token is the same for all its chunks). vLLM V whose block size is not a
 //   multiple of the chunk (16 / element size tokens), and token-major V whose token stride is not
 //   16-byte aligned, are copied element by element (plain loads, no cp.async: correct, slower).
 // - Shared-memory layout of a stage: K as [kTileTokens][kKRowBytes] (one row per token: vLLM's
@@ -324,44 +325,55 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
       if (lane < kTile) smem_masks[warp][slot][lane] = mask;
 
       // K: kTile rows of num_k_vecs chunks
-      const int k_chunks = kTile * num_k_vecs;
+      if (!token_major) {
+        // vLLM K: chunk c = (token c % kTile, vector c / kTile): a lane's token is fixed (kTile
+        // divides the warp), so its block info is fetched once
+        const int tok = lane % kTile;
+        const uint32_t tok_mask = __shfl_sync(0xffffffffu, mask, tok);
+        const int64_t off = shfl_int64(k_off, tok);
+        unsigned char* const dst = k_dst + tok * Cfg::kKRowBytes;
 #pragma unroll 1
-      for (int c0 = 0; c0 < k_chunks; c0 += kWarpSize) {
-        const int c = c0 + lane;
-        const int tok = token_major ? c / num_k_vecs : c % kTile;
-        const int vec = token_major ? c % num_k_vecs : c / kTile;
-        const int src_lane = tok % kTile;
-        const uint32_t tok_mask = __shfl_sync(0xffffffffu, mask, src_lane);
-        const int64_t off = shfl_int64(k_off, src_lane);
-        if (c < k_chunks) {
-          const bool read = tok_mask != 0;
-          copy16_async(k_dst + tok * Cfg::kKRowBytes + vec * 16,
-                       read ? static_cast<const void*>(k_head + off + vec * k_vec_stride)
-                            : static_cast<const void*>(k_head),
-                       read ? 16 : 0);
+        for (int vec = lane / kTile; vec < num_k_vecs; vec += kWarpSize / kTile)
+          copy16_async(dst + vec * 16,
+                       tok_mask != 0 ? static_cast<const void*>(k_head + off + vec * k_vec_stride)
+                                     : static_cast<const void*>(k_head),
+                       tok_mask != 0 ? 16 : 0);
+      } else {
+        // token-major K: chunk c = (token c / num_k_vecs, vector c % num_k_vecs)
+        const int k_chunks = kTile * num_k_vecs;
+#pragma unroll 1
+        for (int c0 = 0; c0 < k_chunks; c0 += kWarpSize) {
+          const int c = c0 + lane;
+          const int tok = (c / num_k_vecs) % kTile;
+          const int vec = c % num_k_vecs;
+          const uint32_t tok_mask = __shfl_sync(0xffffffffu, mask, tok);
+          const int64_t off = shfl_int64(k_off, tok);
+          if (c < k_chunks) {
+            const bool read = tok_mask != 0;
+            copy16_async(k_dst + tok * Cfg::kKRowBytes + vec * 16,
+                         read ? static_cast<const void*>(k_head + off + vec * kX)
+                              : static_cast<const void*>(k_head),
+                         read ? 16 : 0);
+          }
         }
       }
       // V
-      if (v_chunked && !token_major) {  // vLLM V: [dim][token] rows, kX tokens per chunk
+      if (v_chunked && !token_major) {
+        // vLLM V: [dim][token] rows; chunk c = (kX tokens from (c % kGroups) * kX, dim
+        // c / kGroups): a lane's tokens are fixed, its block info fetched once
         constexpr int kGroups = kTile / kX;  // chunks per dim row
-        const int v_chunks = head_size * kGroups;
+        const int tok = (lane % kGroups) * kX;
+        const uint32_t tok_mask = __shfl_sync(0xffffffffu, mask, tok);
+        const int64_t off = shfl_int64(v_off, tok);
+        // the chunk's tokens share one block (block_size % kX == 0); read only those < tok_end
+        const int in_range = clamp_int(tok_end - (tile0 + tok), 0, kX);
+        const int bytes = tok_mask != 0 ? in_range * kElem : 0;
 #pragma unroll 1
-        for (int c0 = 0; c0 < v_chunks; c0 += kWarpSize) {
-          const int c = c0 + lane;
-          const int tok = (c % kGroups) * kX;
-          const int d = c / kGroups;
-          const uint32_t tok_mask = __shfl_sync(0xffffffffu, mask, tok);
-          const int64_t off = shfl_int64(v_off, tok);
-          if (c < v_chunks) {
-            // the chunk's tokens share one block (block_size % kX == 0); read only those < tok_end
-            const int in_range = clamp_int(tok_end - (tile0 + tok), 0, kX);
-            const int bytes = tok_mask != 0 ? in_range * kElem : 0;
-            copy16_async(v_dst + d * Cfg::kVRowBytes + tok * kElem,
-                         bytes > 0 ? static_cast<const void*>(v_head + off + d * v_dim_stride)
-                                   : static_cast<const void*>(v_head),
-                         bytes);
-          }
-        }
+        for (int d = lane / kGroups; d < head_size; d += kWarpSize / kGroups)
+          copy16_async(v_dst + d * Cfg::kVRowBytes + tok * kElem,
+                       bytes > 0 ? static_cast<const void*>(v_head + off + d * v_dim_stride)
+                                 : static_cast<const void*>(v_head),
+                       bytes);
       } else if (v_chunked) {  // token-major V: [token][dim] rows
         const int v_chunks = kTile * num_k_vecs;
 #pragma unroll 1
