@@ -53,6 +53,8 @@ void launch_paged_attention_pipelined(const PagedAttentionParams& p, bool is_v2,
   using Scalar = typename ScalarOf<kScalar>::type;
   using CacheT = typename CacheElement<Scalar, kCache>::type;
   const dim3 grid(p.num_seqs, p.num_kv_heads, is_v2 ? p.max_num_partitions : 1);
+  // NOTE: the pipelined kernel needs partitions of whole 32-token tiles (PipelineConfig checks
+  // kPartitionSize): a partition size chosen at run time must stay a multiple of 32.
   const int partition_size = is_v2 ? kPartitionSize : 0;
   const int group = p.num_heads / p.num_kv_heads;
   dispatch_head_size(p.head_size, [&](auto dims_per_lane) {
