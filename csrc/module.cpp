@@ -12,6 +12,11 @@
 //     cuda_attention_pairs [(query dtype, kv_cache_dtype)] (cuda/dispatch.cuh), [] without CUDA
 //     cuda_head_sizes      [int] (cuda/dispatch.cuh), [] without CUDA
 //     cuda_runtime_version int (CUDART_VERSION), 0 without CUDA
+//     cuda_attention_kernel str, which CUDA attention kernel runs: PAGED_ATTN_CUDA_KERNEL or the
+//                          rule (cuda/kernel_choice.h), "" without CUDA
+//   cuda_attention_launches([reload]) -> {"baseline": n, "pipelined": n}
+//                          attention launches per CUDA kernel so far ({} without CUDA); a true
+//                          `reload` first reads PAGED_ATTN_CUDA_KERNEL again (tests switch kernels)
 #include <Python.h>
 
 #include <string>
@@ -27,6 +32,7 @@
 #ifdef PAGED_ATTN_WITH_CUDA
 #include "core/cuda_arch.h"
 #include "cuda/build_info.h"
+#include "cuda/kernel_choice.h"
 #endif
 
 namespace {
@@ -117,7 +123,24 @@ bool add_cuda_info(PyObject* info) {
   return set_item(info, "cuda", PyBool_FromLong(1)) && set_item(info, "cuda_archs", archs) &&
          set_item(info, "cuda_attention_pairs", pairs) &&
          set_item(info, "cuda_head_sizes", sizes) &&
-         set_item(info, "cuda_runtime_version", PyLong_FromLong(cuda::cuda_runtime_version()));
+         set_item(info, "cuda_runtime_version", PyLong_FromLong(cuda::cuda_runtime_version())) &&
+         set_item(info, "cuda_attention_kernel",
+                  PyUnicode_FromString(cuda::attention_kernel_setting().c_str()));
+}
+
+PyObject* cuda_attention_launches(PyObject*, PyObject* args) {
+  namespace cuda = paged_attn::cuda;
+  int reload = 0;
+  if (!PyArg_ParseTuple(args, "|p", &reload)) return nullptr;
+  if (reload) cuda::reload_attention_kernel_setting();
+  PyObject* dict = PyDict_New();
+  for (auto kernel : {cuda::AttentionKernel::kBaseline, cuda::AttentionKernel::kPipelined}) {
+    if (dict != nullptr &&
+        !set_item(dict, cuda::attention_kernel_name(kernel),
+                  PyLong_FromUnsignedLongLong(cuda::attention_launches(kernel))))
+      Py_CLEAR(dict);
+  }
+  return dict;
 }
 #else
 bool add_cuda_info(PyObject* info) {
@@ -125,7 +148,14 @@ bool add_cuda_info(PyObject* info) {
          set_item(info, "cuda_archs", PyList_New(0)) &&
          set_item(info, "cuda_attention_pairs", PyList_New(0)) &&
          set_item(info, "cuda_head_sizes", PyList_New(0)) &&
-         set_item(info, "cuda_runtime_version", PyLong_FromLong(0));
+         set_item(info, "cuda_runtime_version", PyLong_FromLong(0)) &&
+         set_item(info, "cuda_attention_kernel", PyUnicode_FromString(""));
+}
+
+PyObject* cuda_attention_launches(PyObject*, PyObject* args) {
+  int reload = 0;
+  if (!PyArg_ParseTuple(args, "|p", &reload)) return nullptr;
+  return PyDict_New();
 }
 #endif
 
@@ -146,6 +176,8 @@ PyMethodDef methods[] = {
      "Every CPU kernel variant of this build, best first: (name, runnable, why_not)."},
     {"build_info", build_info, METH_NOARGS,
      "What this build compiled and registered (see paged_attention_ext.build_info)."},
+    {"cuda_attention_launches", cuda_attention_launches, METH_VARARGS,
+     "Attention launches per CUDA kernel so far; reload=True re-reads PAGED_ATTN_CUDA_KERNEL."},
     {nullptr, nullptr, 0, nullptr},
 };
 

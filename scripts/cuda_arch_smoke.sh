@@ -9,11 +9,13 @@
 #                     (paged_attention_ext/tools/cuda_arch.py) that CI's main build (8.0;9.0) leaves out
 #        SMOKE_FILES  default "attention_bfloat16_auto.cu reshape_and_cache.cu" (names in
 #                     csrc/cuda or among the files generated from dispatch.cuh's pair list):
-#                     attention_bfloat16_auto.cu holds the attention kernels AND the v2 reduce kernel
-#                     of one dtype (the first pair of each dtype instantiates the reduce kernel; bf16: its
-#                     conversions are emulated before sm_80, so sm_75 compiles other code than CI's
-#                     main build); reshape_and_cache.cu holds every reshape_and_cache kernel. (The
-#                     software fp8 decode used before sm_89 is compiled by the main build's sm_80.)
+#                     attention_bfloat16_auto.cu holds the attention kernels (baseline and
+#                     pipelined; the pipelined one's cp.async becomes plain copies on sm_75) AND
+#                     the v2 reduce kernel of one dtype (the first pair of each dtype instantiates
+#                     the reduce kernel; bf16: its conversions are emulated before sm_80, so sm_75
+#                     compiles other code than CI's main build); reshape_and_cache.cu holds every
+#                     reshape_and_cache kernel. (The software fp8 decode used before sm_89 is
+#                     compiled by the main build's sm_80.)
 #        JOBS, NVCC   as in cuda_resource_report.sh
 # Needs nvcc; no GPU, no torch. Exit status non-zero on a compile error, a spill, or a family
 # missing for an arch.
@@ -30,8 +32,8 @@ TORCH_CUDA_ARCH_LIST="$ARCHS" ONLY="$FILES" bash "$ROOT/scripts/cuda_resource_re
 python3 - "$OUT" "$ARCHS" <<'PY'
 import sys
 out, archs = sys.argv[1:3]
-families = ("paged_attention_kernel", "paged_attention_v2_reduce_kernel",
-            "reshape_and_cache_kernel")
+families = ("paged_attention_kernel", "paged_attention_pipelined_kernel",
+            "paged_attention_v2_reduce_kernel", "reshape_and_cache_kernel")
 rows = [line.split(None, 6) for line in open(out) if not line.startswith("#")][1:]
 missing = []
 for arch in archs.split(";"):

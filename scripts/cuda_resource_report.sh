@@ -43,8 +43,9 @@ done
 shopt -u nullglob
 
 # Expected kernels per arch, from the instantiation lists: per (dtype, cache) pair explicitly
-# instantiated by a generated attention_*.cu file, attention_kernels_per_pair() (csrc/cuda/dispatch.cuh,
-# computed by running its dispatchers); one reduce kernel per explicit launch_v2_reduce
+# instantiated by a generated attention_*.cu file (both launchers, baseline and pipelined: a file
+# with one and not the other is an error), attention_kernels_per_pair() (csrc/cuda/dispatch.cuh,
+# both kernel families, computed by running its dispatchers); one reduce kernel per explicit launch_v2_reduce
 # instantiation; reshape_and_cache.cu: two kernels per query dtype of the attention files (a cache
 # of that dtype, fp8 bytes; e4m3 and e5m2 share the byte kernel).
 printf '#include <cstdio>\n#include "cuda/dispatch.cuh"\nint main() { std::printf("%%d\\n", paged_attn::cuda::attention_kernels_per_pair()); }\n' \
@@ -61,6 +62,8 @@ EXPECTED="$(python3 - "$PER_PAIR" "$GEN" "${FILES[@]}" <<'PY'
 import glob, os, re, sys
 per_pair, gen_dir, files = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
 pair = re.compile(r"template void launch_paged_attention<ScalarKind::(\w+), CacheKind::(\w+)>")
+pipelined = re.compile(
+    r"template void launch_paged_attention_pipelined<ScalarKind::(\w+), CacheKind::(\w+)>")
 reduce = re.compile(r"template void launch_v2_reduce<ScalarKind::(\w+)>")
 dtypes = set()
 for f in glob.glob(os.path.join(gen_dir, "attention_*.cu")):
@@ -68,6 +71,8 @@ for f in glob.glob(os.path.join(gen_dir, "attention_*.cu")):
 total = 0
 for f in files:
     text = open(f).read()
+    if sorted(pair.findall(text)) != sorted(pipelined.findall(text)):
+        sys.exit(f"{f}: the baseline and pipelined launchers are not instantiated for the same pairs")
     total += per_pair * len(pair.findall(text)) + len(reduce.findall(text))
     if os.path.basename(f) == "reshape_and_cache.cu":
         total += 2 * len(dtypes)

@@ -20,7 +20,10 @@
 #      --kv-layout vllm (v1, v2) and nhd (decode), then the fp8 cache (--kv-cache-dtype fp8) on
 #      big-batch and small-batch for both layouts: ours vs SDPA (flash) on contiguous K/V vs
 #      the PyTorch fallback vs the oracle, each checked against the oracle, GB/s and % of the
-#      read bandwidth measured in the same run
+#      read bandwidth measured in the same run; all with the default CUDA attention kernel (pipelined on
+#      sm_80+), then the baseline kernel (PAGED_ATTN_CUDA_KERNEL=baseline) on the same presets for
+#      both layouts, ours only (bench_*_baseline), to compare the two kernels
+#   (step 3 runs the kernel tests once per kernel: tests/test_cuda_kernels.py's kernel_ops)
 # Writes <out>/<step>.log, <out>/bench_<layout>[_fp8].{md,json} and <out>/results.md (one row
 # per step) (the ptxas report is inside build.log).
 # No network is needed. Exit status: 0 when every step passed, else the number of failed steps
@@ -125,7 +128,8 @@ echo "ptxas: $(grep -c 'Compiling entry' "$OUT_DIR/build.log") kernels compiled,
 
 # ---- 3. tests ----
 # --maxfail, not -x: a first run on a GPU should show every failing case, not only the first.
-run_step tests_cuda 150 "$PY" -m pytest tests/test_cuda_kernels.py tests/test_warp_reduce_host.py \
+# The kernel tests run once per CUDA attention kernel (baseline, pipelined): a longer limit.
+run_step tests_cuda 240 "$PY" -m pytest tests/test_cuda_kernels.py tests/test_warp_reduce_host.py \
   tests/test_cuda_arch.py tests/test_fallback.py tests/test_blocksparse.py -k "cuda or graph or warp" \
   -q --maxfail=30 -rs -p no:cacheprovider
 
@@ -133,13 +137,15 @@ run_step tests_cuda 150 "$PY" -m pytest tests/test_cuda_kernels.py tests/test_wa
 run_step check 40 "$PY" -m paged_attention_ext check
 
 # ---- 5. the benchmark (paged_attention_ext/tools/bench: one harness for CPU and CUDA) ----
-# bench_step NAME KV_LAYOUT CONTENDERS KV_CACHE_DTYPE PRESET...
+# bench_step NAME KV_LAYOUT CONTENDERS KV_CACHE_DTYPE PRESET...   (env KERNEL: the CUDA attention
+# kernel, PAGED_ATTN_CUDA_KERNEL, read once per process; default: the rule; env LIMIT: seconds)
 bench_step() {
   local name="$1" layout="$2" contenders="$3" cache="$4"
   shift 4
   local preset_args=()
   for preset in "$@"; do preset_args+=(--preset "$preset"); done
-  run_step "$name" 45 "$PY" -m paged_attention_ext bench --device cuda --quick --no-progress \
+  run_step "$name" "${LIMIT:-45}" env PAGED_ATTN_CUDA_KERNEL="${KERNEL:-}" \
+    "$PY" -m paged_attention_ext bench --device cuda --quick --no-progress \
     --kv-layout "$layout" --kv-cache-dtype "$cache" --contenders "$contenders" "${preset_args[@]}" \
     --markdown "$OUT_DIR/$name.md" --json "$OUT_DIR/$name.json"
 }
@@ -150,6 +156,9 @@ bench_step bench_vllm vllm "$VLLM_CONTENDERS" auto "${REGIMES[@]}"
 bench_step bench_nhd nhd "$NHD_CONTENDERS" auto "${REGIMES[@]}"
 bench_step bench_vllm_fp8 vllm "$VLLM_CONTENDERS" fp8 big-batch small-batch
 bench_step bench_nhd_fp8 nhd "$NHD_CONTENDERS" fp8 big-batch small-batch
+# the baseline kernel on the same presets, ours only (the other contenders do not change)
+KERNEL=baseline LIMIT=30 bench_step bench_vllm_baseline vllm ours-v2,ours-v1 auto "${REGIMES[@]}"
+KERNEL=baseline LIMIT=30 bench_step bench_nhd_baseline nhd ours-decode auto "${REGIMES[@]}"
 
 echo
 cat "$RESULTS"

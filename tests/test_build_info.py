@@ -30,8 +30,8 @@ def build():
 def test_keys_and_types(build):
     assert set(build) == {"torch_version", "cpu_kernel_variants", "registered_kernels", "cuda",
                           "cuda_archs", "cuda_attention_pairs", "cuda_head_sizes",
-                          "cuda_runtime_version"}
-    assert isinstance(build["cuda"], bool)
+                          "cuda_runtime_version", "cuda_attention_kernel"}
+    assert isinstance(build["cuda"], bool) and isinstance(build["cuda_attention_kernel"], str)
     assert pa.build_info() == build  # a fresh object each call, same content
 
 
@@ -66,17 +66,18 @@ def test_cpu_only_build_reports_no_cuda(build):
         pytest.skip("a CUDA build")
     assert build["cuda_archs"] == [] and build["cuda_attention_pairs"] == []
     assert build["cuda_head_sizes"] == [] and build["cuda_runtime_version"] == 0
+    assert build["cuda_attention_kernel"] == "" and pa._C.cuda_attention_launches() == {}
 
 
-def _launcher_symbols(path):
-    """The (ScalarKind, CacheKind) of each launch_paged_attention instantiation in the library."""
+def _launcher_symbols(path, launcher="launch_paged_attention"):
+    """The (ScalarKind, CacheKind) of each `launcher` instantiation in the library."""
     nm = shutil.which("nm")
     if nm is None:
         pytest.skip("needs nm (binutils)")
     out = subprocess.run([nm, "-C", "--defined-only", path], capture_output=True, text=True,
                          check=True).stdout
     return {(int(s), int(c)) for s, c in re.findall(
-        r"launch_paged_attention<\(paged_attn::ScalarKind\)(\d), \(paged_attn::CacheKind\)(\d)>",
+        launcher + r"<\(paged_attn::ScalarKind\)(\d), \(paged_attn::CacheKind\)(\d)>",
         out)}
 
 
@@ -90,6 +91,8 @@ def test_cuda_attention_pairs_are_the_instantiated_launchers(build):
         assert isinstance(getattr(torch, dtype), torch.dtype)
         assert core.KV_CACHE_DTYPES[kv] == kv
     assert {(scalar[d], cache[k]) for d, k in pairs} == _launcher_symbols(pa._C.__file__)
+    assert {(scalar[d], cache[k]) for d, k in pairs} == _launcher_symbols(
+        pa._C.__file__, "launch_paged_attention_pipelined")
     assert build["cuda_head_sizes"] == sorted(set(build["cuda_head_sizes"]))
     assert build["cuda_runtime_version"] > 0
 
@@ -99,6 +102,9 @@ def test_info_prints_the_build(build):
     assert lines["_C built with"].startswith(f"torch {build['torch_version']}, ")
     assert lines["_C CPU kernels"] == ", ".join(build["registered_kernels"]["CPU"])
     assert ("CUDA attention" in lines) == build["cuda"]
+    assert ("CUDA attention kernel" in lines) == build["cuda"]
+    if build["cuda"]:
+        assert lines["CUDA attention kernel"].startswith(build["cuda_attention_kernel"])
 
 
 def test_none_without_the_extension():

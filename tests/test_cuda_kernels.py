@@ -14,8 +14,10 @@ token-major layouts of testing.DECODE_LAYOUTS against reference.decode and again
 K/V in vLLM's layout; reshape_and_cache(_flash) are compared bit for bit.
 """
 
+import contextlib
 import dataclasses
 import math
+import os
 
 import pytest
 import torch
@@ -56,6 +58,77 @@ def ops():
         pytest.skip("no compiled CUDA kernel: test_cuda_kernels_registered fails for this build")
     # by name: active only when every op has a compiled CUDA kernel that runs on this GPU
     return backends.backend("cuda-kernel").ops
+
+
+# The CUDA attention kernels (csrc/cuda/kernel_choice.h): the oracle comparisons, graph and
+# robustness tests run once per kernel, each forced with PAGED_ATTN_CUDA_KERNEL.
+KERNELS = ("baseline", "pipelined")
+KERNEL_ENV = "PAGED_ATTN_CUDA_KERNEL"
+
+
+@contextlib.contextmanager
+def _kernel_setting(value):
+    """PAGED_ATTN_CUDA_KERNEL=value, read again by the extension; the old setting afterwards."""
+    saved = os.environ.get(KERNEL_ENV)
+    os.environ[KERNEL_ENV] = value
+    paged_attention_ext._C.cuda_attention_launches(True)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(KERNEL_ENV, None)
+        else:
+            os.environ[KERNEL_ENV] = saved
+        paged_attention_ext._C.cuda_attention_launches(True)
+
+
+@pytest.fixture(params=KERNELS)
+def kernel_ops(request, ops):
+    """`ops` with PAGED_ATTN_CUDA_KERNEL set to the parameter for the test, and afterwards the
+    proof that this kernel, and only this one, ran: the extension's launch counters
+    (_C.cuda_attention_launches). A test cannot pass on the other kernel."""
+    name = request.param
+    if name == "pipelined" and torch.cuda.get_device_capability() < (8, 0):
+        pytest.skip("the pipelined kernel needs sm_80+ (cp.async); this GPU is sm_"
+                    + "".join(map(str, torch.cuda.get_device_capability())))
+    with _kernel_setting(name):
+        before = paged_attention_ext._C.cuda_attention_launches()
+        yield ops
+        after = paged_attention_ext._C.cuda_attention_launches()
+    ran = {k: after[k] - before[k] for k in KERNELS}
+    assert ran[name] > 0 and all(n == 0 for k, n in ran.items() if k != name), (
+        f"{KERNEL_ENV}={name}, but the attention launches were {ran}")
+
+
+def test_build_info_names_the_cuda_attention_kernel():
+    build = paged_attention_ext.build_info() or {}
+    if not build.get("cuda"):
+        pytest.skip("no CUDA build: build_info()['cuda_attention_kernel'] is ''")
+    for value, start in (("", "auto: pipelined on sm_80+"), ("baseline", "baseline ("),
+                         ("pipelined", "pipelined ("), ("turbo", "error: ")):
+        with _kernel_setting(value):
+            got = paged_attention_ext.build_info()["cuda_attention_kernel"]
+        assert got.startswith(start), (value, got)
+        assert value != "turbo" or "'turbo'" in got
+
+
+def test_unknown_kernel_setting_is_a_clear_error(ops):
+    inputs = make_attention_inputs(1, 4, 2, 64, 16, [30], dtype=torch.float16, device=DEV)
+    with pytest.raises(RuntimeError, match=r"PAGED_ATTN_CUDA_KERNEL='turbo' is not"):
+        with _kernel_setting("turbo"):
+            call_v1(ops.v1, inputs, alloc_v1_outputs(inputs))
+
+
+def test_default_kernel_follows_the_rule(ops):
+    """Unset: pipelined on sm_80+, baseline below (kernel_choice.h)."""
+    inputs = make_attention_inputs(1, 4, 2, 64, 16, [30], dtype=torch.float16, device=DEV)
+
+    want = "pipelined" if torch.cuda.get_device_capability() >= (8, 0) else "baseline"
+    with _kernel_setting(""):
+        before = paged_attention_ext._C.cuda_attention_launches()
+        call_v1(ops.v1, inputs, alloc_v1_outputs(inputs))
+        after = paged_attention_ext._C.cuda_attention_launches()
+    assert {k: after[k] - before[k] for k in KERNELS} == {k: int(k == want) for k in KERNELS}
 
 
 def _cuda_archs_in_extension():
@@ -113,13 +186,13 @@ def _ids(case):
 
 @pytest.mark.parametrize("case", GRID, ids=_ids)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_v2_and_v1_match_reference(ops, case, dtype):
+def test_v2_and_v1_match_reference(kernel_ops, case, dtype):
     s, h, kvh, d, bs, lens, alibi = case
     dtype = getattr(torch, dtype)
     inputs = make_attention_inputs(s, h, kvh, d, bs, lens, dtype=dtype, use_alibi=alibi,
                                    device=DEV, seed=hash((s, h, d, bs)) % 1000)
-    _check_v2(ops, inputs)
-    _check_v1(ops, inputs)
+    _check_v2(kernel_ops, inputs)
+    _check_v1(kernel_ops, inputs)
 
 
 FP8_GRID = [
@@ -134,40 +207,40 @@ FP8_GRID = [
 @pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e4m3", "fp8_e5m2"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("scale_as_tensor", [False, True], ids=["float-scale", "tensor-scale"])
-def test_fp8_cache_matches_reference(ops, case, kv_cache_dtype, dtype, scale_as_tensor):
+def test_fp8_cache_matches_reference(kernel_ops, case, kv_cache_dtype, dtype, scale_as_tensor):
     s, h, kvh, d, bs, lens, alibi = case
     inputs = make_attention_inputs(s, h, kvh, d, bs, lens, dtype=getattr(torch, dtype),
                                    kv_cache_dtype=kv_cache_dtype, use_alibi=alibi, device=DEV,
                                    scale_as_tensor=scale_as_tensor, seed=3)
-    _check_v2(ops, inputs)
-    _check_v1(ops, inputs)
+    _check_v2(kernel_ops, inputs)
+    _check_v1(kernel_ops, inputs)
 
 
-def test_strided_query_and_larger_scratch(ops):
+def test_strided_query_and_larger_scratch(kernel_ops):
     # query a slice of a fused qkv tensor (NaN elsewhere); scratch with spare partitions
     inputs = make_attention_inputs(4, 16, 4, 128, 16, [1537, 2, 600, 1024], dtype=torch.float16,
                                    device=DEV, noncontig_query=True, seed=11)
     assert inputs.query.stride(0) > 16 * 128
-    _check_v2(ops, inputs, max_num_partitions=7)
-    _check_v1(ops, inputs)
+    _check_v2(kernel_ops, inputs, max_num_partitions=7)
+    _check_v1(kernel_ops, inputs)
 
 
 @pytest.mark.parametrize("layout", ["blocks_interleaved", "head_padding"])  # testing.CACHE_LAYOUTS
-def test_caches_with_outer_strides_of_a_bigger_tensor(ops, layout):
+def test_caches_with_outer_strides_of_a_bigger_tensor(kernel_ops, layout):
     # (block, head) strides of a view into a bigger NaN-filled allocation: honoured, never read.
     for dtype, kv in ((torch.bfloat16, "auto"), (torch.float32, "fp8_e4m3")):
         inputs = make_attention_inputs(3, 8, 2, 64, 16, [1, 600, 1025], dtype=dtype,
                                        kv_cache_dtype=kv, device=DEV, seed=13)
         inputs = with_strided_caches(inputs, layout)
-        _check_v2(ops, inputs)
-        _check_v1(ops, inputs)
+        _check_v2(kernel_ops, inputs)
+        _check_v1(kernel_ops, inputs)
 
 
-def test_max_seq_len_is_only_a_hint(ops):
+def test_max_seq_len_is_only_a_hint(kernel_ops):
     inputs = make_attention_inputs(2, 8, 2, 64, 16, [1500, 700], dtype=torch.float32, device=DEV)
     inputs.max_seq_len = 1  # a wrong hint must not drop tokens
-    _check_v2(ops, inputs)
-    _check_v1(ops, inputs)
+    _check_v2(kernel_ops, inputs)
+    _check_v1(kernel_ops, inputs)
 
 
 def test_unsupported_head_size(ops):
@@ -203,16 +276,16 @@ CUDA_BLOCKSPARSE_CASES = BLOCKSPARSE_CASES + [
 
 
 @pytest.mark.parametrize("case", CUDA_BLOCKSPARSE_CASES, ids=[c[0] for c in CUDA_BLOCKSPARSE_CASES])
-def test_blocksparse_matches_reference(ops, case):
-    _check_blocksparse(ops, blocksparse_inputs(case, seed=31), case[2])
+def test_blocksparse_matches_reference(kernel_ops, case):
+    _check_blocksparse(kernel_ops, blocksparse_inputs(case, seed=31), case[2])
 
 
-def test_blocksparse_nothing_attended_gives_zeros_and_empty_partitions(ops):
+def test_blocksparse_nothing_attended_gives_zeros_and_empty_partitions(kernel_ops):
     # Sparse block 0 is skipped by every head (vertical only, offset 1, vert 2): rows of 1 and
     # 100 tokens attend nothing (zeros), the 1100-token row has empty partitions (max_logits
     # -inf, exp_sums 0, tmp_out 0) next to full ones.
     case = ("empty", (4, 2, 32, 8), Blocksparse(0, 0, 2, 600, 0), torch.float32, "auto", False)
-    got = _check_blocksparse(ops, blocksparse_inputs(case, seed=7, seq_lens=[1, 100, 1100]),
+    got = _check_blocksparse(kernel_ops, blocksparse_inputs(case, seed=7, seq_lens=[1, 100, 1100]),
                              case[2])
     assert torch.equal(got.out[:2], torch.zeros_like(got.out[:2]))
     assert (got.max_logits[2, :, 0] == float("-inf")).all() and (got.exp_sums[2, :, 0] == 0).all()
@@ -239,7 +312,7 @@ def _nan_rows(out):
 
 
 @pytest.mark.parametrize("version", ["v1", "v2"])
-def test_bad_data_gives_nan_rows(ops, version):
+def test_bad_data_gives_nan_rows(kernel_ops, version):
     lens = [40, 40, 40, 40, 40]
     inputs = make_attention_inputs(5, 8, 2, 64, 16, lens, dtype=torch.float16, device=DEV, seed=5)
     bt = inputs.block_tables
@@ -249,9 +322,9 @@ def test_bad_data_gives_nan_rows(ops, version):
     seq_lens[3] = -1                                     # negative length
     seq_lens[4] = bt.shape[1] * inputs.block_size + 1    # beyond the table's capacity
     if version == "v1":
-        out = call_v1(ops.v1, inputs, alloc_v1_outputs(inputs, fill=0.0))
+        out = call_v1(kernel_ops.v1, inputs, alloc_v1_outputs(inputs, fill=0.0))
     else:
-        out = call_v2(ops.v2, inputs, alloc_v2_outputs(inputs, fill=0.0)).out
+        out = call_v2(kernel_ops.v2, inputs, alloc_v2_outputs(inputs, fill=0.0)).out
     torch.cuda.synchronize()
     assert _nan_rows(out) == [False, True, True, True, True]
     # the good row is still right
@@ -260,9 +333,10 @@ def test_bad_data_gives_nan_rows(ops, version):
     assert_out_matches(out[:1], expected[:1], torch.float16)
 
 
-def test_v2_scratch_too_small_gives_nan_row(ops):
+def test_v2_scratch_too_small_gives_nan_row(kernel_ops):
     inputs = make_attention_inputs(2, 4, 4, 64, 16, [1100, 300], dtype=torch.float32, device=DEV)
-    outputs = call_v2(ops.v2, inputs, alloc_v2_outputs(inputs, max_num_partitions=2, fill=0.0))
+    outputs = call_v2(kernel_ops.v2, inputs,
+                      alloc_v2_outputs(inputs, max_num_partitions=2, fill=0.0))
     torch.cuda.synchronize()
     assert _nan_rows(outputs.out) == [True, False]  # 1100 tokens need 3 partitions
 
@@ -311,7 +385,7 @@ def test_opcheck_on_cuda(ops):
     torch.library.opcheck(ops.reshape_and_cache.default, (key, key, k_cache, v_cache, slots))
 
 
-def test_cuda_graph_replay_with_new_lengths(ops):
+def test_cuda_graph_replay_with_new_lengths(kernel_ops):
     """Capture v2 once, then change seq_lens / block tables in place and replay: the graph must
     pick up the new data (grids come from shapes, nothing is read on the host)."""
     lens_a, lens_b = [700, 5, 1537], [1536, 513, 1]
@@ -322,11 +396,11 @@ def test_cuda_graph_replay_with_new_lengths(ops):
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        call_v2(ops.v2, a, outputs)  # warm-up outside the graph
+        call_v2(kernel_ops.v2, a, outputs)  # warm-up outside the graph
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        call_v2(ops.v2, a, outputs)
+        call_v2(kernel_ops.v2, a, outputs)
     graph.replay()
     torch.cuda.synchronize()
     assert_v2_matches(outputs, _reference_v2(a, max_parts), lens_a, a.dtype)
@@ -351,34 +425,34 @@ def test_cuda_graph_replay_with_new_lengths(ops):
     assert_v2_matches(outputs, _reference_v2(a, max_parts), lens_b, a.dtype)
 
 
-def test_long_context_100k(ops):
+def test_long_context_100k(kernel_ops):
     lens = [100_000]
     inputs = make_attention_inputs(1, 32, 8, 128, 16, lens, dtype=torch.bfloat16, device=DEV,
                                    seed=9, extra_blocks=1)
-    _check_v2(ops, inputs, max_num_partitions=math.ceil(100_000 / 512))
-    _check_v1(ops, inputs)
+    _check_v2(kernel_ops, inputs, max_num_partitions=math.ceil(100_000 / 512))
+    _check_v1(kernel_ops, inputs)
 
 
-def test_results_are_deterministic(ops):
+def test_results_are_deterministic(kernel_ops):
     """The same call twice gives the same bits (fixed-order merges, no atomics): v2, v1, decode."""
     inputs = make_attention_inputs(4, 32, 8, 128, 16, [1537, 700, 1, 2049], dtype=torch.bfloat16,
                                    device=DEV, seed=21)
-    first = call_v2(ops.v2, inputs, alloc_v2_outputs(inputs))
-    second = call_v2(ops.v2, inputs, alloc_v2_outputs(inputs))
+    first = call_v2(kernel_ops.v2, inputs, alloc_v2_outputs(inputs))
+    second = call_v2(kernel_ops.v2, inputs, alloc_v2_outputs(inputs))
     torch.cuda.synchronize()
     assert torch.equal(first.out.view(torch.int16), second.out.view(torch.int16))
-    v1_a = call_v1(ops.v1, inputs, alloc_v1_outputs(inputs))
-    v1_b = call_v1(ops.v1, inputs, alloc_v1_outputs(inputs))
+    v1_a = call_v1(kernel_ops.v1, inputs, alloc_v1_outputs(inputs))
+    v1_b = call_v1(kernel_ops.v1, inputs, alloc_v1_outputs(inputs))
     torch.cuda.synchronize()
     assert torch.equal(v1_a.view(torch.int16), v1_b.view(torch.int16))
     dec = testing.make_decode_inputs(4, 32, 8, 128, 16, [1537, 700, 1, 2049], layout="hnd",
                                      dtype=torch.bfloat16, device=DEV, seed=22)
-    outs = [testing.call_decode(ops.decode, dec, alloc_v1_outputs(dec)) for _ in range(2)]
+    outs = [testing.call_decode(kernel_ops.decode, dec, alloc_v1_outputs(dec)) for _ in range(2)]
     torch.cuda.synchronize()
     assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
 
 
-def test_graph_replay_reads_new_fp8_tensor_scales(ops):
+def test_graph_replay_reads_new_fp8_tensor_scales(kernel_ops):
     """v2.scale_tensor captured once; k_scale / v_scale changed in place between replays: the
     kernels read the scales on the device, so each replay uses the current values."""
     lens = [700, 1537]
@@ -389,11 +463,11 @@ def test_graph_replay_reads_new_fp8_tensor_scales(ops):
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        call_v2(ops.v2, inputs, outputs)  # warm-up outside the graph
+        call_v2(kernel_ops.v2, inputs, outputs)  # warm-up outside the graph
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        call_v2(ops.v2, inputs, outputs)
+        call_v2(kernel_ops.v2, inputs, outputs)
     for k_factor, v_factor in ((1.0, 1.0), (2.0, 0.5), (0.25, 3.0)):
         if (k_factor, v_factor) != (1.0, 1.0):
             inputs.k_scale.mul_(k_factor)
@@ -404,7 +478,7 @@ def test_graph_replay_reads_new_fp8_tensor_scales(ops):
                           inputs.kv_cache_dtype)
 
 
-def test_decode_graph_replay_with_new_lengths(ops):
+def test_decode_graph_replay_with_new_lengths(kernel_ops):
     """decode captured once (grid from block_tables' shape), lengths changed in place."""
     dec = testing.make_decode_inputs(3, 8, 2, 64, 16, [900, 3, 1500], layout="nhd",
                                      dtype=torch.bfloat16, device=DEV, seed=24)
@@ -412,11 +486,11 @@ def test_decode_graph_replay_with_new_lengths(ops):
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        testing.call_decode(ops.decode, dec, out)
+        testing.call_decode(kernel_ops.decode, dec, out)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        testing.call_decode(ops.decode, dec, out)
+        testing.call_decode(kernel_ops.decode, dec, out)
     for lens in ([900, 3, 1500], [17, 0, 1499]):  # within each row's blocks
         dec.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
         dec.seq_lens_list = lens
@@ -426,7 +500,7 @@ def test_decode_graph_replay_with_new_lengths(ops):
         assert_out_matches(out, want, dec.dtype, dec.kv_cache_dtype, name="decode after replay")
 
 
-def test_cache_over_2_31_elements(ops):
+def test_cache_over_2_31_elements(kernel_ops):
     """Blocks past element 2^31 of a cache (int64 block offsets): the used blocks of a small
     input are placed at the end of an fp8 pool of more than 2^31 elements per cache."""
     inputs = make_attention_inputs(2, 8, 1, 128, 16, [700, 1300], dtype=torch.bfloat16,
@@ -444,10 +518,10 @@ def test_cache_over_2_31_elements(ops):
     tables = torch.where(used, inputs.block_tables + shift, inputs.block_tables)
     big = dataclasses.replace(inputs, key_cache=big_k, value_cache=big_v,
                               block_tables=tables.to(torch.int32).contiguous(), num_blocks=pool)
-    small_out = _check_v2(ops, inputs).out
-    big_out = _check_v2(ops, big).out
+    small_out = _check_v2(kernel_ops, inputs).out
+    big_out = _check_v2(kernel_ops, big).out
     assert torch.equal(small_out.view(torch.int16), big_out.view(torch.int16))
-    _check_v1(ops, big)
+    _check_v1(kernel_ops, big)
     del big_k, big_v, big
     torch.cuda.empty_cache()
 
@@ -483,24 +557,24 @@ def _check_decode(ops, inputs):
 @pytest.mark.parametrize("case,layout", DECODE_PARAMS,
                          ids=[f"{str(c[0])[6:]}-{c[1]}-h{c[2]}/{c[3]}-d{c[4]}-bs{c[5]}"
                               f"{'-alibi' if c[7] else ''}-{lay}" for c, lay in DECODE_PARAMS])
-def test_decode_matches_reference(ops, case, layout):
+def test_decode_matches_reference(kernel_ops, case, layout):
     dtype, kv, nh, nkv, d, bs, lens, alibi = case
     inputs = testing.make_decode_inputs(len(lens), nh, nkv, d, bs, lens, layout=layout,
                                         dtype=dtype, kv_cache_dtype=kv, use_alibi=alibi,
                                         device=DEV, seed=len(lens) + d)
     if layout == "mixed":
         assert inputs.key_cache.stride() != inputs.value_cache.stride()  # K and V strides differ
-    _check_decode(ops, inputs)
+    _check_decode(kernel_ops, inputs)
 
 
 @pytest.mark.parametrize("scale_as_tensor", [False, True], ids=["float-scale", "tensor-scale"])
-def test_decode_scale_overloads_and_fused_query(ops, scale_as_tensor):
+def test_decode_scale_overloads_and_fused_query(kernel_ops, scale_as_tensor):
     inputs = testing.make_decode_inputs(3, 8, 2, 64, 16, [100, 1100, 3], layout="combined_hnd",
                                         dtype=torch.float32, kv_cache_dtype="fp8_e5m2",
                                         device=DEV, noncontig_query=True,
                                         scale_as_tensor=scale_as_tensor, seed=7)
     assert inputs.query.stride(0) > inputs.num_heads * inputs.head_size
-    _check_decode(ops, inputs)
+    _check_decode(kernel_ops, inputs)
 
 
 def test_decode_misaligned_cache_view_is_a_value_error(ops):
@@ -513,10 +587,10 @@ def test_decode_misaligned_cache_view_is_a_value_error(ops):
         testing.call_decode(ops.decode, inputs, out)
 
 
-def test_decode_long_row(ops):
+def test_decode_long_row(kernel_ops):
     inputs = testing.make_decode_inputs(2, 8, 2, 128, 16, [5000, 4097], layout="hnd",
                                         dtype=torch.bfloat16, use_alibi=True, device=DEV, seed=11)
-    _check_decode(ops, inputs)
+    _check_decode(kernel_ops, inputs)
 
 
 # ---- v1 / decode: the split of rows across thread blocks (csrc/core/split_plan.h) ----
@@ -551,18 +625,18 @@ SPLIT_CASES = [
 
 
 @pytest.mark.parametrize("case", SPLIT_CASES, ids=[c[0] for c in SPLIT_CASES])
-def test_split_v1_and_decode_match_reference(ops, case):
+def test_split_v1_and_decode_match_reference(kernel_ops, case):
     """v1 and decode on shapes the plan splits: against the oracle (NaN-poisoned unused slots,
     shuffled tables, NaN-prefilled out), decode also against v1."""
     _, s, h, kvh, d, bs, lens, dtype, alibi = case
     dec = testing.make_decode_inputs(s, h, kvh, d, bs, lens, layout="hnd", dtype=dtype,
                                      use_alibi=alibi, device=DEV, seed=sum(lens) % 1000)
     assert _splits(s, kvh, dec.legacy)
-    _check_v1(ops, dec.legacy)
-    _check_decode(ops, dec)
+    _check_v1(kernel_ops, dec.legacy)
+    _check_decode(kernel_ops, dec)
 
 
-def test_one_pass_when_the_rows_fill_the_gpu(ops):
+def test_one_pass_when_the_rows_fill_the_gpu(kernel_ops):
     """num_seqs * num_kv_heads >= 8 blocks per SM: one pass, no scratch; and tables of <= 256
     tokens: one pass whatever the row count. Both against the oracle."""
     rows = SPLIT_BLOCKS_PER_SM * _sm_count()
@@ -572,18 +646,18 @@ def test_one_pass_when_the_rows_fill_the_gpu(ops):
     many = testing.make_decode_inputs(rows, 2, 1, 64, 16, lens, layout="nhd",
                                       dtype=torch.bfloat16, device=DEV, seed=31)
     assert not _splits(rows, 1, many.legacy)
-    _check_v1(ops, many.legacy)
-    _check_decode(ops, many)
+    _check_v1(kernel_ops, many.legacy)
+    _check_decode(kernel_ops, many)
     short = testing.make_decode_inputs(3, 8, 2, 128, 16, [200, 0, 90], layout="nhd",
                                        dtype=torch.float16, device=DEV, seed=32)
     assert short.block_tables.shape[1] * 16 <= ONE_PASS_MAX_TOKENS
     assert not _splits(3, 2, short.legacy)
-    _check_v1(ops, short.legacy)
-    _check_decode(ops, short)
+    _check_v1(kernel_ops, short.legacy)
+    _check_decode(kernel_ops, short)
 
 
 @pytest.mark.parametrize("op", ["v1", "decode"])
-def test_split_bad_data_gives_nan_rows(ops, op):
+def test_split_bad_data_gives_nan_rows(kernel_ops, op):
     """On the split path the reduce kernel writes the NaN rows: a used block id past the pool or
     negative, a negative length, a length past the table's capacity."""
     lens = [600, 600, 600, 600, 600]
@@ -596,9 +670,9 @@ def test_split_bad_data_gives_nan_rows(ops, op):
     dec.seq_lens[3] = -1
     dec.seq_lens[4] = bt.shape[1] * dec.block_size + 1
     if op == "v1":
-        out = call_v1(ops.v1, dec.legacy, alloc_v1_outputs(dec.legacy, fill=0.0))
+        out = call_v1(kernel_ops.v1, dec.legacy, alloc_v1_outputs(dec.legacy, fill=0.0))
     else:
-        out = testing.call_decode(ops.decode, dec, alloc_v1_outputs(dec, fill=0.0))
+        out = testing.call_decode(kernel_ops.decode, dec, alloc_v1_outputs(dec, fill=0.0))
     torch.cuda.synchronize()
     assert _nan_rows(out) == [False, True, True, True, True]
     good = testing.make_decode_inputs(5, 8, 2, 64, 16, lens, layout="nhd", dtype=torch.float16,
@@ -608,7 +682,7 @@ def test_split_bad_data_gives_nan_rows(ops, op):
 
 
 @pytest.mark.parametrize("op", ["v1", "decode"])
-def test_split_under_graph_replay_with_new_lengths(ops, op):
+def test_split_under_graph_replay_with_new_lengths(kernel_ops, op):
     """v1 / decode captured once on a split shape (the scratch is allocated inside the capture,
     from the graph's pool; the plan comes from shapes), then replayed with new lengths written
     in place, including empty rows."""
@@ -620,9 +694,9 @@ def test_split_under_graph_replay_with_new_lengths(ops, op):
 
     def call():
         if op == "v1":
-            call_v1(ops.v1, dec.legacy, out)
+            call_v1(kernel_ops.v1, dec.legacy, out)
         else:
-            testing.call_decode(ops.decode, dec, out)
+            testing.call_decode(kernel_ops.decode, dec, out)
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -643,13 +717,13 @@ def test_split_under_graph_replay_with_new_lengths(ops, op):
         assert_out_matches(out, want, dec.dtype, name=f"{op} after replay with {new_lens}")
 
 
-def test_split_results_are_deterministic(ops):
+def test_split_results_are_deterministic(kernel_ops):
     """The same split call twice gives the same bits (the plan depends on shapes only)."""
     dec = testing.make_decode_inputs(2, 32, 8, 128, 16, [5000, 700], layout="hnd",
                                      dtype=torch.bfloat16, device=DEV, seed=35)
     assert _splits(2, 8, dec.legacy)
-    v1 = [call_v1(ops.v1, dec.legacy, alloc_v1_outputs(dec.legacy)) for _ in range(2)]
-    de = [testing.call_decode(ops.decode, dec, alloc_v1_outputs(dec)) for _ in range(2)]
+    v1 = [call_v1(kernel_ops.v1, dec.legacy, alloc_v1_outputs(dec.legacy)) for _ in range(2)]
+    de = [testing.call_decode(kernel_ops.decode, dec, alloc_v1_outputs(dec)) for _ in range(2)]
     torch.cuda.synchronize()
     assert torch.equal(v1[0].view(torch.int16), v1[1].view(torch.int16))
     assert torch.equal(de[0].view(torch.int16), de[1].view(torch.int16))
@@ -687,7 +761,7 @@ def test_reshape_and_cache_flash_matches_reference(ops, dtype, kv, layout):
         kc, vc = conformance.require(written).actual  # the next write goes on top
 
 
-def test_flash_cache_then_decode_round_trip(ops):
+def test_flash_cache_then_decode_round_trip(kernel_ops):
     """Tokens appended with reshape_and_cache_flash into an HND cache (a view), then read back
     by decode: the oracle's output on the same cache."""
     inputs = testing.make_decode_inputs(2, 8, 2, 64, 16, [40, 90], layout="hnd",
@@ -697,8 +771,8 @@ def test_flash_cache_then_decode_round_trip(ops):
     new_v = torch.randn(2, 2, 64, generator=g).to(torch.bfloat16).to(DEV)
     tables = inputs.block_tables.cpu()
     slots = [int(tables[s, n // 16]) * 16 + n % 16 for s, n in enumerate(inputs.seq_lens_list)]
-    ops.reshape_and_cache_flash(new_k, new_v, inputs.key_cache, inputs.value_cache,
-                                torch.tensor(slots, device=DEV))
+    kernel_ops.reshape_and_cache_flash(new_k, new_v, inputs.key_cache, inputs.value_cache,
+                                       torch.tensor(slots, device=DEV))
     inputs.seq_lens += 1
     inputs.seq_lens_list = [n + 1 for n in inputs.seq_lens_list]
-    conformance.require(*conformance.decode(ops, inputs))
+    conformance.require(*conformance.decode(kernel_ops, inputs))

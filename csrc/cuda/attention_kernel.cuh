@@ -56,6 +56,43 @@ namespace cuda {
 
 __device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000); }
 
+// The tokens [tok_begin, tok_end) that the thread block of (seq, kv_head, part) serves, for both
+// attention kernels (the robustness NOTE at the top). false: it serves none, because the row is
+// bad (seq_len < 0, past the block table, or needing more partitions than the scratch holds: a
+// one-pass block has then written NaN to its KV head's out rows) or because a split's partition
+// lies past the row (nothing to write). Uniform across the block.
+template <typename Scalar, int kThreads>
+__device__ __forceinline__ bool block_token_range(const PagedAttentionParams& p, int seq,
+                                                  int kv_head, int part, int seq_len,
+                                                  int& tok_begin, int& tok_end) {
+  const int partition_size = p.partition_size;
+  const bool is_split = partition_size > 0;
+  const int64_t capacity = static_cast<int64_t>(p.max_blocks_per_seq) * p.block_size;
+  bool row_ok = seq_len >= 0 && static_cast<int64_t>(seq_len) <= capacity;
+  if (is_split) {
+    const int64_t needed = (static_cast<int64_t>(seq_len) + partition_size - 1) / partition_size;
+    row_ok = row_ok && needed <= p.max_num_partitions;
+  }
+  if (!row_ok) {
+    if (!is_split) {  // one pass: this KV head's query heads are consecutive rows of out
+      const int group = p.num_heads / p.num_kv_heads;
+      Scalar* rows = static_cast<Scalar*>(p.out) +
+                     (static_cast<int64_t>(seq) * p.num_heads + kv_head * group) * p.head_size;
+      for (int i = threadIdx.x; i < group * p.head_size; i += kThreads)
+        rows[i] = from_float<Scalar>(quiet_nan());
+    }
+    return false;
+  }
+  // NOTE: int64: part * partition_size + partition_size may pass INT_MAX on a row near it.
+  const int64_t part_begin = is_split ? static_cast<int64_t>(part) * partition_size : 0;
+  if (is_split && part_begin >= seq_len) return false;
+  tok_begin = static_cast<int>(part_begin);
+  tok_end = is_split
+                ? static_cast<int>(min(static_cast<int64_t>(seq_len), part_begin + partition_size))
+                : seq_len;
+  return true;
+}
+
 // Shared memory of one thread block (static; <= 44.3 KB at head size 256, kHeadTile 8).
 template <int kMaxDims, int kHeadTile, int kWarpSize, int kNumWarps>
 struct AttentionSmem {
@@ -124,36 +161,16 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
   const int part = blockIdx.z;
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
-  const int partition_size = p.partition_size;
-  const bool is_split = partition_size > 0;  // write the scratch (v2 or the v1 / decode split)
+  const bool is_split = p.partition_size > 0;  // write the scratch (v2 or a v1 / decode split)
   const int head_size = p.head_size;
   const int block_size = p.block_size;
   const int group = p.num_heads / p.num_kv_heads;  // query heads per KV head
   const int seq_len = p.seq_lens[seq];
 
   // ---- row validity (data-dependent; see NOTE at the top) ----
-  const int64_t capacity = static_cast<int64_t>(p.max_blocks_per_seq) * block_size;
-  bool row_ok = seq_len >= 0 && static_cast<int64_t>(seq_len) <= capacity;
-  if (is_split) {
-    const int64_t needed = (static_cast<int64_t>(seq_len) + partition_size - 1) / partition_size;
-    row_ok = row_ok && needed <= p.max_num_partitions;
-  }
-  if (!row_ok) {
-    if (!is_split) {  // one pass: this KV head's query heads are consecutive rows of out
-      Scalar* rows = static_cast<Scalar*>(p.out) +
-                     (static_cast<int64_t>(seq) * p.num_heads + kv_head * group) * head_size;
-      for (int i = threadIdx.x; i < group * head_size; i += kThreads)
-        rows[i] = from_float<Scalar>(quiet_nan());
-    }
+  int tok_begin = 0, tok_end = 0;
+  if (!block_token_range<Scalar, kThreads>(p, seq, kv_head, part, seq_len, tok_begin, tok_end))
     return;  // uniform across the block: no barrier has been reached
-  }
-  // NOTE: int64: part * partition_size + partition_size may pass INT_MAX on a row near it.
-  const int64_t part_begin = is_split ? static_cast<int64_t>(part) * partition_size : 0;
-  if (part_begin >= seq_len && is_split) return;  // a partition past the row: nothing to write
-  const int tok_begin = static_cast<int>(part_begin);
-  const int tok_end =
-      is_split ? static_cast<int>(min(static_cast<int64_t>(seq_len), part_begin + partition_size))
-            : seq_len;
 
   const int32_t* table_row = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
   const CacheT* k_head = static_cast<const CacheT*>(p.key_cache) +

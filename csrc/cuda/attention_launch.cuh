@@ -1,4 +1,5 @@
-// attention_launch.cuh — definitions of launch_paged_attention / launch_v2_reduce (launch.h):
+// attention_launch.cuh — definitions of launch_paged_attention (baseline and pipelined kernels) /
+// launch_v2_reduce (launch.h):
 // the dispatch of dispatch.cuh's lists onto kernel instantiations. Included only by the
 // attention_<dtype>_<cache>.cu files, which instantiate one (dtype, cache) pair each.
 #pragma once
@@ -10,6 +11,7 @@
 #include <type_traits>
 
 #include "attention_kernel.cuh"
+#include "attention_kernel_pipelined.cuh"
 #include "dispatch.cuh"
 #include "launch.h"
 #include "reduce_kernel.cuh"
@@ -37,6 +39,36 @@ void launch_paged_attention(const PagedAttentionParams& p, cudaStream_t stream) 
       constexpr int kHeadTile = decltype(head_tile)::value;
       paged_attention_kernel<Scalar, kCache, kDimsPerLane, kHeadTile, kWarpSize, kNumWarps>
           <<<grid, kThreads, 0, stream>>>(p);
+    });
+  });
+}
+
+// The same dispatch onto the pipelined kernel (attention_kernel_pipelined.cuh), whose shared
+// memory is dynamic: above 48 KiB the kernel must be allowed it first (an error there is left for
+// the caller's launch check, as a failed launch is).
+template <ScalarKind kScalar, CacheKind kCache>
+void launch_paged_attention_pipelined(const PagedAttentionParams& p, bool is_v2,
+                                      cudaStream_t stream) {
+  using Scalar = typename ScalarOf<kScalar>::type;
+  using CacheT = typename CacheElement<Scalar, kCache>::type;
+  const dim3 grid(p.num_seqs, p.num_kv_heads, is_v2 ? p.max_num_partitions : 1);
+  // NOTE: the pipelined kernel needs partitions of whole 32-token tiles (PipelineConfig checks
+  // kPartitionSize): a partition size chosen at run time must stay a multiple of 32.
+  const int partition_size = is_v2 ? kPartitionSize : 0;
+  const int group = p.num_heads / p.num_kv_heads;
+  dispatch_head_size(p.head_size, [&](auto dims_per_lane) {
+    dispatch_head_tile(group, [&](auto head_tile) {
+      constexpr int kDimsPerLane = decltype(dims_per_lane)::value;
+      constexpr int kHeadTile = decltype(head_tile)::value;
+      constexpr int kSmem =
+          PipelineConfig<CacheT, kDimsPerLane, kHeadTile, kWarpSize, kNumWarps>::kSmemBytes;
+      auto* kernel = paged_attention_pipelined_kernel<Scalar, kCache, kDimsPerLane, kHeadTile,
+                                                      kWarpSize, kNumWarps>;
+      if (kSmem > 48 * 1024 &&
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) !=
+              cudaSuccess)
+        return;
+      kernel<<<grid, kThreads, kSmem, stream>>>(p, partition_size);
     });
   });
 }

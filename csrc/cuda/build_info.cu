@@ -44,17 +44,19 @@ using AttentionLauncher = void (*)(const PagedAttentionParams&, cudaStream_t);
 
 template <std::size_t... I>
 constexpr auto launchers_of(std::index_sequence<I...>) {
-  return std::array<AttentionLauncher, sizeof...(I)>{
-      &launch_paged_attention<kAttentionPairs[I].scalar, kAttentionPairs[I].cache>...};
+  return std::array<AttentionLauncher, 2 * sizeof...(I)>{
+      &launch_paged_attention<kAttentionPairs[I].scalar, kAttentionPairs[I].cache>...,
+      &launch_paged_attention_pipelined<kAttentionPairs[I].scalar, kAttentionPairs[I].cache>...};
 }
 
 }  // namespace
 
-// One launcher per listed pair, with external linkage so that it is emitted: each entry is a
-// reference to the explicit instantiation in attention_<dtype>_<cache>.cu, and a listed pair that
-// no file instantiates is an undefined symbol when the library loads.
-extern const std::array<AttentionLauncher, std::size(kAttentionPairs)> kAttentionLaunchers;
-const std::array<AttentionLauncher, std::size(kAttentionPairs)> kAttentionLaunchers =
+// Both launchers (baseline, pipelined) of every listed pair, with external linkage so that they
+// are emitted: each entry is a reference to the explicit instantiation in
+// attention_<dtype>_<cache>.cu, and a listed pair that no file instantiates is an undefined symbol
+// when the library loads.
+extern const std::array<AttentionLauncher, 2 * std::size(kAttentionPairs)> kAttentionLaunchers;
+const std::array<AttentionLauncher, 2 * std::size(kAttentionPairs)> kAttentionLaunchers =
     launchers_of(std::make_index_sequence<std::size(kAttentionPairs)>{});
 
 const char* compiled_archs() { return kCompiledArchs; }

@@ -10,9 +10,10 @@
 //   - dtype: the (query dtype, cache kind) pairs of PAGED_ATTN_CUDA_PAIRS below; the build
 //     generates one .cu file per pair (csrc/cuda/generate_instantiations.py) so they compile in
 //     parallel.
-// Per arch: pairs x attention_kernels_per_pair() attention kernels + one reduce kernel per query
-// dtype + two reshape_and_cache kernels per query dtype (docs/cuda_resource_report.txt lists them;
-// scripts/cuda_resource_report.sh checks the count against these lists).
+// Per arch: pairs x attention_kernels_per_pair() attention kernels (baseline and pipelined) + one
+// reduce kernel per query dtype + two reshape_and_cache kernels per query dtype
+// (docs/cuda_resource_report.txt lists them; scripts/cuda_resource_report.sh checks the count
+// against these lists).
 #pragma once
 
 #include <type_traits>
@@ -125,9 +126,14 @@ constexpr void dispatch_head_tile(int group, F&& f) {
   }
 }
 
-// The attention kernels one (dtype, cache) pair instantiates: the distinct (kDimsPerLane,
-// kHeadTile) pairs the two dispatchers above reach, found by running them over every listed head
-// size and every GQA ratio up to 64 (ratios above 8 all take the tile of 8).
+// The attention kernel families every (dtype, cache) pair instantiates, each over the same
+// dispatch: the baseline (attention_kernel.cuh) and the pipelined kernel
+// (attention_kernel_pipelined.cuh); attention_launch.cuh has one launcher per family.
+constexpr int kAttentionKernelFamilies = 2;
+
+// The attention kernels one (dtype, cache) pair instantiates: per family, the distinct
+// (kDimsPerLane, kHeadTile) pairs the two dispatchers above reach, found by running them over
+// every listed head size and every GQA ratio up to 64 (ratios above 8 all take the tile of 8).
 constexpr int attention_kernels_per_pair() {
   constexpr int kMaxValue = 64;  // > any kDimsPerLane or kHeadTile
   bool dims_seen[kMaxValue] = {};
@@ -141,7 +147,7 @@ constexpr int attention_kernels_per_pair() {
     dims += dims_seen[i];
     tiles += tiles_seen[i];
   }
-  return dims * tiles;
+  return kAttentionKernelFamilies * dims * tiles;
 }
 
 }  // namespace cuda

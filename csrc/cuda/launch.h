@@ -19,6 +19,10 @@ namespace cuda {
 template <ScalarKind kScalar, CacheKind kCache>
 void launch_paged_attention(const PagedAttentionParams& p, cudaStream_t stream);
 
+// The same with the pipelined kernel (attention_kernel_pipelined.cuh); same preconditions.
+template <ScalarKind kScalar, CacheKind kCache>
+void launch_paged_attention_pipelined(const PagedAttentionParams& p, cudaStream_t stream);
+
 // Phase 2 of a split (p.partition_size > 0); grid (num_seqs, num_heads), writes p.out.
 template <ScalarKind kScalar>
 void launch_v2_reduce(const PagedAttentionParams& p, cudaStream_t stream);

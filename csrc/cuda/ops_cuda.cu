@@ -34,6 +34,7 @@
 #include "../torch_glue/overloads.h"
 #include "build_info.h"
 #include "dispatch.cuh"
+#include "kernel_choice.h"
 #include "launch.h"
 
 namespace paged_attn {
@@ -137,11 +138,22 @@ void check_cuda_attention(const char* op, const PagedAttentionParams& p) {
 }
 
 // One branch per pair of dispatch.cuh's PAGED_ATTN_CUDA_PAIRS (the build compiles each pair's
-// kernels in a file generated from the same list).
-void launch_attention(const PagedAttentionParams& p, cudaStream_t stream) {
-#define PAGED_ATTN_LAUNCH_PAIR(S, C)                                  \
-  if (p.scalar_kind == ScalarKind::S && p.cache_kind == CacheKind::C) \
-    return cuda::launch_paged_attention<ScalarKind::S, CacheKind::C>(p, stream);
+// kernels in a file generated from the same list), onto the kernel kernel_choice.h picks for the
+// device (PAGED_ATTN_CUDA_KERNEL, else the rule; a bad setting raises here).
+void launch_attention(const PagedAttentionParams& p, cudaStream_t stream,
+                      c10::DeviceIndex device) {
+  std::string error;
+  const cuda::AttentionKernel kernel = cuda::choose_attention_kernel(device, &error);
+  TORCH_CHECK(error.empty(), "paged_attn: ", error);
+  cuda::count_attention_launch(kernel);
+  const bool pipelined = kernel == cuda::AttentionKernel::kPipelined;
+#define PAGED_ATTN_LAUNCH_PAIR(S, C)                                                      \
+  if (p.scalar_kind == ScalarKind::S && p.cache_kind == CacheKind::C) {                   \
+    if (pipelined)                                                                        \
+      return cuda::launch_paged_attention_pipelined<ScalarKind::S, CacheKind::C>(p,       \
+                                                                                 stream); \
+    return cuda::launch_paged_attention<ScalarKind::S, CacheKind::C>(p, stream);          \
+  }
   PAGED_ATTN_CUDA_PAIRS(PAGED_ATTN_LAUNCH_PAIR)
 #undef PAGED_ATTN_LAUNCH_PAIR
   TORCH_CHECK(false, "paged_attn: no CUDA kernel compiled for this query dtype and cache kind");
@@ -205,7 +217,7 @@ void attention(const char* op, const PagedAttentionParams& params, bool is_v2,
       p.partition_size = plan.partition_size;
     }
   }
-  launch_attention(p, stream);
+  launch_attention(p, stream, device.index());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (p.partition_size > 0) {
     launch_reduce(p, stream);

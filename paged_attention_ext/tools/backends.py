@@ -297,6 +297,8 @@ def _describe_build(build: dict) -> list:
         pairs = ", ".join(f"{dtype}/{cache}" for dtype, cache in build["cuda_attention_pairs"])
         lines.append(("CUDA attention", f"query dtype / kv_cache_dtype {pairs}; head sizes "
                       f"{', '.join(map(str, build['cuda_head_sizes']))}"))
+        lines.append(("CUDA attention kernel", f"{build['cuda_attention_kernel']}  "
+                      "[PAGED_ATTN_CUDA_KERNEL=baseline|pipelined forces one]"))
     return lines
 
 

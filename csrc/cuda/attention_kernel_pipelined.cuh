@@ -1,0 +1,572 @@
+// attention_kernel_pipelined.cuh — the pipelined paged attention kernel: the same contract,
+// params, grid and outputs as attention_kernel.cuh (v1, v2 phase 1, decode over vLLM and
+// token-major caches; every dtype / cache kind; GQA head tiles; ALiBi; blocksparse; the
+// robustness rules of the NOTE at the top of attention_kernel.cuh), built to keep more bytes in
+// flight: K and V reach the registers through a multi-stage shared-memory ring filled with
+// cp.async, so a warp has several tiles of K and V in flight while it computes on an earlier one.
+// Selected at run time against the baseline kernel (docs/CUDA.md "Kernel choice").
+//
+// Design.
+// - Work split: as the baseline. One thread block per (sequence, KV head, partition), 4 warps,
+//   all the query heads of the KV head in passes of kHeadTile heads. The range is cut into tiles
+//   of kTileTokens tokens; tile i goes to warp i % kNumWarps, so the warps together stream
+//   4 * kTileTokens consecutive tokens.
+// - Tile size: a tile's K is at most kKTileBudget (2 KiB) at the instantiation's largest head
+//   size, so that a stage stays small and several fit: kTileTokens = the largest power of two
+//   <= 2048 / (kMaxDims * element size), at least one 16-byte chunk of V (16 / element size
+//   tokens) and at most 32. fp32 / bf16 / fp8 at head 128: 4 / 8 / 16 tokens.
+// - Ring: each warp owns kStages slots (no block-wide barrier in the loop: a warp's tiles are its
+//   own), each slot holding one tile's K and V (a stage). kStages = kRingBudget (16 KiB) / stage
+//   size, clamped to [2, 4]: at head 128, 4 (fp32) or 3 (bf16 / fp16, fp8), so that a block of
+//   the GQA-4 tile takes ~58 KiB and three fit an H200 SM (as its registers allow). The warp
+//   issues tile m + kStages - 1 while it computes tile m: kStages - 1 stages in flight per warp.
+// - Copies: cp.async.cg 16 bytes (sm_80+; a synchronous 16-byte copy on older archs), src-size 0
+//   (zero-fill, nothing read) for tokens past the range, bad block ids and blocks no head of the
+//   pass attends; a chunk of vLLM V partly past the range reads only the tokens in the range.
+//   Tiles start at multiples of kTileTokens from the partition start (partition sizes are
+//   multiples of 32 tokens, static_assert below), so a vLLM V chunk never straddles two blocks.
+//   Lanes < kTileTokens first resolve their token's block (the one block-table read per token),
+//   its blocksparse head mask and its K / V offsets; the chunks then go to lanes so that
+//   consecutive lanes copy consecutive 16-byte runs of the cache: vLLM K: chunk i of consecutive
+//   tokens (contiguous within a cache block); vLLM V: consecutive token groups of one dim
+//   (contiguous within a block); token-major K / V: consecutive chunks of one token's row. A
+//   chunk's token info comes from its owner lane by shuffle (for vLLM caches once per tile: a
+//   lane's token is the same for all its chunks). vLLM V whose block size is not a
+//   multiple of the chunk (16 / element size tokens), and token-major V whose token stride is not
+//   16-byte aligned, are copied element by element (plain loads, no cp.async: correct, slower).
+// - Shared-memory layout of a stage: K as [kTileTokens][kKRowBytes] (one row per token: vLLM's
+//   x-chunks are put back in dim order), V as vLLM's [kMaxDims][kVRowBytes] (one row per dim,
+//   tokens contiguous) for vLLM caches or [kTileTokens][kMaxDims] for token-major ones. Row
+//   strides are padded (conflict_free_row_bytes) so that the 16-byte reads of the 8 lanes of one
+//   shared-memory wavefront (8 / kLanesPerToken K rows, consecutive chunks of each; 8 V rows)
+//   hit 8 different 16-byte bank groups: QK's K reads and P.V's vLLM V reads are conflict-free
+//   (fp8 V: 8-byte reads, 2-way); token-major V is read one element per lane, consecutive lanes
+//   consecutive dims.
+// - QK: kLanesPerToken = 32 / kTileTokens lanes per token, lane (token, sub) dotting chunks
+//   sub, sub + kLanesPerToken, ... of its token's K row against the shared-memory queries, then an
+//   xor-shuffle sum over the token's lanes. Softmax as the baseline (warp-uniform running max per
+//   head, per-lane exp sums, kept by the token's first lane only); P.V as the baseline (lane owns
+//   dims lane + 32 j, kVVec tokens per step) but from the stage: no masking is needed there,
+//   every V value that is not to be read is a zero in shared memory.
+// - Synchronisation: per warp, wait_group(kStages - 1) then __syncwarp before a stage is read
+//   (the copies of every lane have landed and are visible to the warp); __syncwarp after the
+//   stage's P.V, before the next iteration issues a copy into the slot read one iteration
+//   earlier. After the last tile: wait_group(0), then __syncthreads before the warps' outputs are
+//   written into shared memory that aliases the rings.
+// - Merge: as the baseline: butterfly StatsMergeOp over the lanes (warp_reduce.cuh), then the
+//   warps' compound states in warp order 0..3 (compound_state.h), normalised, times v_scale.
+// Shared memory is dynamic (launch: cudaFuncSetAttribute above 48 KiB); PipelineConfig below
+// holds every size.
+#pragma once
+
+#include <cstdint>
+
+#include "../core/compound_state.h"
+#include "../core/params.h"
+#include "attention_kernel.cuh"  // quiet_nan, attending_heads
+#include "cache_access.cuh"
+#include "warp_reduce.cuh"
+
+namespace paged_attn {
+namespace cuda {
+
+// ---- cp.async (sm_80+), with a synchronous equivalent below sm_80 ----
+
+// Copies 16 bytes from global `src` to shared `dst` (both 16-byte aligned); only the first
+// src_bytes (0..16) are read, the rest of the 16 are zero-filled.
+__device__ __forceinline__ void copy16_async(void* dst, const void* src, int src_bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t dst_addr = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst_addr), "l"(src),
+               "r"(src_bytes));
+#else
+  uint4 value = make_uint4(0u, 0u, 0u, 0u);
+  if (src_bytes == 16) {
+    value = *static_cast<const uint4*>(src);
+  } else if (src_bytes > 0) {
+    unsigned char* bytes = reinterpret_cast<unsigned char*>(&value);
+    for (int i = 0; i < src_bytes; ++i) bytes[i] = static_cast<const unsigned char*>(src)[i];
+  }
+  *static_cast<uint4*>(dst) = value;
+#endif
+}
+
+__device__ __forceinline__ void copy_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+
+// Waits until at most kPending of this thread's committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void copy_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+#endif
+}
+
+__device__ __forceinline__ int64_t shfl_int64(int64_t v, int src_lane) {
+  const int lo = __shfl_sync(0xffffffffu, static_cast<int>(v & 0xffffffff), src_lane);
+  const int hi = __shfl_sync(0xffffffffu, static_cast<int>(v >> 32), src_lane);
+  return (static_cast<int64_t>(hi) << 32) | static_cast<uint32_t>(lo);
+}
+
+// Row stride in bytes for rows of `bytes` read by groups of `lanes` consecutive lanes (one row,
+// consecutive 16-byte units each), 8 lanes per shared-memory wavefront: the smallest multiple of
+// `lanes` units >= the row whose count divided by `lanes` is odd, so the 8 lanes of a wavefront
+// (8 / lanes rows) cover 8 different 16-byte bank groups. lanes >= 8: one row per wavefront.
+constexpr int conflict_free_row_bytes(int bytes, int lanes) {
+  const int units = (bytes + 15) / 16;
+  if (lanes >= 8) return units * 16;
+  const int per_lane = (units + lanes - 1) / lanes;
+  return (per_lane % 2 == 0 ? per_lane + 1 : per_lane) * lanes * 16;
+}
+constexpr int floor_pow2(int v) {
+  int p = 1;
+  while (p * 2 <= v) p *= 2;
+  return p;
+}
+constexpr int clamp_int(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
+constexpr int max_int(int a, int b) { return a > b ? a : b; }
+
+constexpr int kKTileBudget = 2048;      // bytes of K per tile at the largest head size
+constexpr int kRingBudget = 16 * 1024;  // bytes of ring per warp (3 blocks of head 128 per H200 SM)
+
+// Every size of the pipelined kernel for one instantiation (bytes unless named otherwise).
+template <typename CacheT, int kDimsPerLane, int kHeadTile, int kWarpSize, int kNumWarps>
+struct PipelineConfig {
+  static constexpr int kElem = static_cast<int>(sizeof(CacheT));
+  static constexpr int kMaxDims = kDimsPerLane * kWarpSize;
+  static constexpr int kChunkElems = 16 / kElem;  // elements per 16-byte chunk
+  static constexpr int kTileTokens =
+      clamp_int(floor_pow2(kKTileBudget / (kMaxDims * kElem)), kChunkElems, kWarpSize);
+  static constexpr int kLanesPerToken = kWarpSize / kTileTokens;
+  static constexpr int kKRowBytes =  // K: one token, read by the token's kLanesPerToken lanes
+      conflict_free_row_bytes(kMaxDims * kElem, kLanesPerToken);
+  static constexpr int kVRowBytes =  // vLLM V: one dim, read by one lane
+      conflict_free_row_bytes(kTileTokens * kElem, 1);
+  static constexpr int kVTokenRowBytes = kMaxDims * kElem;                  // token-major V
+  static constexpr int kKTileBytes = kTileTokens * kKRowBytes;
+  static constexpr int kVTileBytes =
+      max_int(kMaxDims * kVRowBytes, kTileTokens * kVTokenRowBytes);
+  static constexpr int kStageBytes = kKTileBytes + kVTileBytes;
+  static constexpr int kStages = clamp_int(kRingBudget / kStageBytes, 2, 4);
+  // shared memory, in this order (each part a multiple of 16 bytes)
+  static constexpr int kQBytes = kHeadTile * kMaxDims * 4;                   // float q[g][d]
+  static constexpr int kProbBytes = kNumWarps * kHeadTile * kTileTokens * 4; // float [w][g][t]
+  static constexpr int kStatsBytes = ((kNumWarps * kHeadTile * 8) + 15) / 16 * 16;
+  static constexpr int kSparseBytes = ((kHeadTile * 8) + 15) / 16 * 16;      // int64 [g]
+  static constexpr int kMaskBytes = ((kNumWarps * kStages * kTileTokens * 4) + 15) / 16 * 16;
+  static constexpr int kRingBytes = kNumWarps * kStages * kStageBytes;
+  static constexpr int kOutBytes = kNumWarps * kHeadTile * kMaxDims * 4;     // aliases the rings
+  static constexpr int kQOffset = 0;
+  static constexpr int kProbOffset = kQOffset + kQBytes;
+  static constexpr int kStatsOffset = kProbOffset + kProbBytes;
+  static constexpr int kSparseOffset = kStatsOffset + kStatsBytes;
+  static constexpr int kMaskOffset = kSparseOffset + kSparseBytes;
+  static constexpr int kRingOffset = kMaskOffset + kMaskBytes;
+  static constexpr int kSmemBytes = kRingOffset + max_int(kRingBytes, kOutBytes);
+
+  static_assert(kWarpSize % kTileTokens == 0, "a tile's tokens divide the warp");
+  static_assert(kTileTokens * kElem >= 16, "a tile holds one 16-byte chunk of vLLM V");
+  static_assert(kKRowBytes % 16 == 0 && kVRowBytes % 16 == 0 && kStageBytes % 16 == 0,
+                "16-byte aligned rows");
+  static_assert(kPartitionSize % kWarpSize == 0, "partitions are whole tiles");
+  static_assert(kSmemBytes <= 99 * 1024,
+                "fits the smallest opt-in shared memory of sm_80 and newer (sm_86: 99 KiB)");
+};
+
+// Resident blocks per SM promised to ptxas (a register cap of 65536 / (128 * n)): 3 (168
+// registers) as the baseline's small tiles, except tiles of 8 heads (at 168 the 8-head, 2-dims
+// tile spilled on sm_80), else 1 (255). The ring, not the warp count, carries the bytes in flight.
+template <int kDimsPerLane, int kHeadTile>
+constexpr int pipelined_min_blocks() {
+  return (kDimsPerLane <= 4 && kDimsPerLane * kHeadTile <= 16 && kHeadTile <= 4) ? 3 : 1;
+}
+
+// Grid, block, p.partition_size and template parameters: as paged_attention_kernel
+// (attention_kernel.cuh). Dynamic shared memory: PipelineConfig<...>::kSmemBytes.
+template <typename Scalar, CacheKind kCache, int kDimsPerLane, int kHeadTile, int kWarpSize,
+          int kNumWarps>
+__global__ void __launch_bounds__(kNumWarps* kWarpSize,
+                                  pipelined_min_blocks<kDimsPerLane, kHeadTile>())
+    paged_attention_pipelined_kernel(const PagedAttentionParams p) {
+  using CacheT = typename CacheElement<Scalar, kCache>::type;
+  using Cfg = PipelineConfig<CacheT, kDimsPerLane, kHeadTile, kWarpSize, kNumWarps>;
+  constexpr int kThreads = kNumWarps * kWarpSize;
+  constexpr int kMaxDims = Cfg::kMaxDims;
+  constexpr int kTile = Cfg::kTileTokens;
+  constexpr int kLanesPerToken = Cfg::kLanesPerToken;
+  constexpr int kStages = Cfg::kStages;
+  constexpr int kElem = Cfg::kElem;
+  constexpr bool kFp8 = kCache != CacheKind::kAuto;
+  constexpr bool e5m2 = kCache == CacheKind::kFp8E5M2;
+  constexpr int kX = Cfg::kChunkElems;                                // K elements per 16 B
+  constexpr int kVVec = kElem == 4 ? 4 : 8;                           // V tokens per read
+  constexpr int kVBytes = kVVec * kElem;                              // 16 or 8 bytes
+  static_assert(kX % 4 == 0 && kVVec % 4 == 0 && kTile % kVVec == 0, "vector widths");
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  float(*smem_q)[kMaxDims] = reinterpret_cast<float(*)[kMaxDims]>(smem_raw + Cfg::kQOffset);
+  float(*smem_probs)[kHeadTile][kTile] =
+      reinterpret_cast<float(*)[kHeadTile][kTile]>(smem_raw + Cfg::kProbOffset);
+  SoftmaxStats(*smem_stats)[kHeadTile] =
+      reinterpret_cast<SoftmaxStats(*)[kHeadTile]>(smem_raw + Cfg::kStatsOffset);
+  int64_t* smem_sparse_offset = reinterpret_cast<int64_t*>(smem_raw + Cfg::kSparseOffset);
+  uint32_t(*smem_masks)[kStages][kTile] =
+      reinterpret_cast<uint32_t(*)[kStages][kTile]>(smem_raw + Cfg::kMaskOffset);
+  float(*smem_out)[kHeadTile][kMaxDims] =  // after the token loop only (aliases the rings)
+      reinterpret_cast<float(*)[kHeadTile][kMaxDims]>(smem_raw + Cfg::kRingOffset);
+
+  const int seq = blockIdx.x;
+  const int kv_head = blockIdx.y;
+  const int part = blockIdx.z;
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const bool is_split = p.partition_size > 0;  // write the scratch (v2 or a v1 / decode split)
+  const int head_size = p.head_size;
+  const int block_size = p.block_size;
+  const int group = p.num_heads / p.num_kv_heads;
+  const int seq_len = p.seq_lens[seq];
+  unsigned char* const ring = smem_raw + Cfg::kRingOffset +
+                              static_cast<int64_t>(warp) * kStages * Cfg::kStageBytes;
+
+  // ---- row validity: as the baseline (NOTE at the top of attention_kernel.cuh) ----
+  int tok_begin = 0, tok_end = 0;
+  if (!block_token_range<Scalar, kThreads>(p, seq, kv_head, part, seq_len, tok_begin, tok_end))
+    return;  // uniform across the block: no barrier has been reached
+
+  const int32_t* table_row = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
+  const CacheT* k_head = static_cast<const CacheT*>(p.key_cache) +
+                         static_cast<int64_t>(kv_head) * p.k_layout.head_stride;
+  const CacheT* v_head = static_cast<const CacheT*>(p.value_cache) +
+                         static_cast<int64_t>(kv_head) * p.v_layout.head_stride;
+  const Scalar* q_row =
+      static_cast<const Scalar*>(p.query) + static_cast<int64_t>(seq) * p.q_seq_stride;
+  float k_scale = 1.0f, v_scale = 1.0f;
+  if (kFp8) {
+    k_scale = p.k_scale_ptr != nullptr ? *p.k_scale_ptr : p.k_scale;
+    v_scale = p.v_scale_ptr != nullptr ? *p.v_scale_ptr : p.v_scale;
+  }
+  const bool token_major = p.kv_form == KvForm::kTokenMajor;
+  const int64_t k_vec_stride = token_major ? kX : p.k_layout.chunk_stride;
+  const int64_t v_dim_stride = token_major ? 1 : p.v_layout.chunk_stride;
+  // V copied in 16-byte chunks (else element by element; see the top)
+  const bool v_chunked = token_major ? (p.v_layout.token_stride * kElem) % 16 == 0
+                                     : block_size % kX == 0;
+  const int num_k_vecs = head_size / kX;  // 16-byte chunks per token row (K, token-major V)
+  const CudaShuffleXor<kWarpSize> shuffle;
+  bool bad_block = false;
+
+  // tiles of this warp: tok_begin + (warp + kNumWarps * m) * kTile, m < warp_tiles
+  const int num_tiles = (tok_end - tok_begin + kTile - 1) / kTile;
+  const int warp_tiles = num_tiles > warp ? (num_tiles - warp + kNumWarps - 1) / kNumWarps : 0;
+
+  for (int head_first = 0; head_first < group; head_first += kHeadTile) {
+    const int num_tile_heads = min(kHeadTile, group - head_first);
+    const int head0 = kv_head * group + head_first;
+
+    // ---- query rows -> shared memory, as the baseline ----
+    for (int i = threadIdx.x; i < kHeadTile * kMaxDims; i += kThreads) {
+      const int g = i / kMaxDims;
+      const int d = i % kMaxDims;
+      float q = 0.0f;
+      if (g < num_tile_heads && d < head_size)
+        q = to_float(q_row[static_cast<int64_t>(head0 + g) * p.q_head_stride + d]) * p.scale;
+      smem_q[g][d] = q;
+    }
+    if (blocksparse_active(p.blocksparse) && threadIdx.x < num_tile_heads)
+      smem_sparse_offset[threadIdx.x] =
+          blocksparse_offset(p.blocksparse, p.num_heads, p.num_kv_heads, head0 + threadIdx.x);
+    float slope[kHeadTile];
+#pragma unroll
+    for (int g = 0; g < kHeadTile; ++g)
+      slope[g] = (p.alibi_slopes != nullptr && g < num_tile_heads) ? p.alibi_slopes[head0 + g]
+                                                                   : 0.0f;
+    __syncthreads();
+
+    // Issues the copies of this warp's tile m into its slot (every lane calls it: shuffles).
+    auto issue_tile = [&](int m) {
+      const int slot = m % kStages;
+      const int tile0 = tok_begin + (warp + kNumWarps * m) * kTile;
+      unsigned char* const k_dst = ring + slot * Cfg::kStageBytes;
+      unsigned char* const v_dst = k_dst + Cfg::kKTileBytes;
+      // lanes < kTile: token tile0 + lane's block, head mask and K / V offsets
+      uint32_t mask = 0;  // 0: the token is not read (past the range, bad id, not attended)
+      int64_t k_off = 0, v_off = 0;
+      const int t = tile0 + lane;
+      if (lane < kTile && t < tok_end) {
+        const int64_t block_id = table_row[t / block_size];
+        if (block_id < 0 || block_id >= p.num_blocks) {
+          bad_block = true;  // never dereferenced
+        } else {
+          mask = attending_heads<kHeadTile>(p, smem_sparse_offset, num_tile_heads, seq_len,
+                                            t / block_size);
+          const int64_t in_block = t % block_size;
+          k_off = block_id * p.k_layout.block_stride + in_block * p.k_layout.token_stride;
+          v_off = block_id * p.v_layout.block_stride + in_block * p.v_layout.token_stride;
+        }
+      }
+      if (lane < kTile) smem_masks[warp][slot][lane] = mask;
+
+      // K: kTile rows of num_k_vecs chunks
+      if (!token_major) {
+        // vLLM K: chunk c = (token c % kTile, vector c / kTile): a lane's token is fixed (kTile
+        // divides the warp), so its block info is fetched once
+        const int tok = lane % kTile;
+        const uint32_t tok_mask = __shfl_sync(0xffffffffu, mask, tok);
+        const int64_t off = shfl_int64(k_off, tok);
+        unsigned char* const dst = k_dst + tok * Cfg::kKRowBytes;
+#pragma unroll 1
+        for (int vec = lane / kTile; vec < num_k_vecs; vec += kWarpSize / kTile)
+          copy16_async(dst + vec * 16,
+                       tok_mask != 0 ? static_cast<const void*>(k_head + off + vec * k_vec_stride)
+                                     : static_cast<const void*>(k_head),
+                       tok_mask != 0 ? 16 : 0);
+      } else {
+        // token-major K: chunk c = (token c / num_k_vecs, vector c % num_k_vecs)
+        const int k_chunks = kTile * num_k_vecs;
+#pragma unroll 1
+        for (int c0 = 0; c0 < k_chunks; c0 += kWarpSize) {
+          const int c = c0 + lane;
+          const int tok = (c / num_k_vecs) % kTile;
+          const int vec = c % num_k_vecs;
+          const uint32_t tok_mask = __shfl_sync(0xffffffffu, mask, tok);
+          const int64_t off = shfl_int64(k_off, tok);
+          if (c < k_chunks) {
+            const bool read = tok_mask != 0;
+            copy16_async(k_dst + tok * Cfg::kKRowBytes + vec * 16,
+                         read ? static_cast<const void*>(k_head + off + vec * kX)
+                              : static_cast<const void*>(k_head),
+                         read ? 16 : 0);
+          }
+        }
+      }
+      // V
+      if (v_chunked && !token_major) {
+        // vLLM V: [dim][token] rows; chunk c = (kX tokens from (c % kGroups) * kX, dim
+        // c / kGroups): a lane's tokens are fixed, its block info fetched once
+        constexpr int kGroups = kTile / kX;  // chunks per dim row
+        const int tok = (lane % kGroups) * kX;
+        const uint32_t tok_mask = __shfl_sync(0xffffffffu, mask, tok);
+        const int64_t off = shfl_int64(v_off, tok);
+        // the chunk's tokens share one block (block_size % kX == 0); read only those < tok_end
+        const int in_range = clamp_int(tok_end - (tile0 + tok), 0, kX);
+        const int bytes = tok_mask != 0 ? in_range * kElem : 0;
+#pragma unroll 1
+        for (int d = lane / kGroups; d < head_size; d += kWarpSize / kGroups)
+          copy16_async(v_dst + d * Cfg::kVRowBytes + tok * kElem,
+                       bytes > 0 ? static_cast<const void*>(v_head + off + d * v_dim_stride)
+                                 : static_cast<const void*>(v_head),
+                       bytes);
+      } else if (v_chunked) {  // token-major V: [token][dim] rows
+        const int v_chunks = kTile * num_k_vecs;
+#pragma unroll 1
+        for (int c0 = 0; c0 < v_chunks; c0 += kWarpSize) {
+          const int c = c0 + lane;
+          const int tok = (c / num_k_vecs) % kTile;
+          const int vec = c % num_k_vecs;
+          const uint32_t tok_mask = __shfl_sync(0xffffffffu, mask, tok);
+          const int64_t off = shfl_int64(v_off, tok);
+          if (c < v_chunks) {
+            const bool read = tok_mask != 0;
+            copy16_async(v_dst + tok * Cfg::kVTokenRowBytes + vec * 16,
+                         read ? static_cast<const void*>(v_head + off + vec * kX)
+                              : static_cast<const void*>(v_head),
+                         read ? 16 : 0);
+          }
+        }
+      } else {  // element by element, into the form's layout (0 where not read)
+        const int v_elems = kTile * head_size;
+#pragma unroll 1
+        for (int c0 = 0; c0 < v_elems; c0 += kWarpSize) {
+          const int c = c0 + lane;
+          const int tok = token_major ? (c / head_size) % kTile : c % kTile;
+          const int d = token_major ? c % head_size : c / kTile;
+          const uint32_t tok_mask = __shfl_sync(0xffffffffu, mask, tok);
+          const int64_t off = shfl_int64(v_off, tok);
+          if (c < v_elems) {
+            CacheT value;
+            if (tok_mask != 0) {
+              value = v_head[off + d * v_dim_stride];
+            } else {
+              value = CacheT{};
+              if constexpr (!kFp8) value = from_float<CacheT>(0.0f);
+            }
+            unsigned char* dst = token_major ? v_dst + tok * Cfg::kVTokenRowBytes + d * kElem
+                                             : v_dst + d * Cfg::kVRowBytes + tok * kElem;
+            *reinterpret_cast<CacheT*>(dst) = value;
+          }
+        }
+      }
+    };
+
+    // ---- per-warp online softmax state, as the baseline ----
+    float run_max[kHeadTile];
+    float lane_sum[kHeadTile];
+    float acc[kHeadTile][kDimsPerLane];
+#pragma unroll
+    for (int g = 0; g < kHeadTile; ++g) {
+      run_max[g] = -INFINITY;
+      lane_sum[g] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kDimsPerLane; ++j) acc[g][j] = 0.0f;
+    }
+    const int qk_tok = lane / kLanesPerToken;  // QK: this lane's token in the tile
+    const int qk_sub = lane % kLanesPerToken;  // and its share of the token's chunks
+
+    // ---- the pipeline: kStages - 1 tiles ahead ----
+#pragma unroll 1
+    for (int m = 0; m < kStages - 1; ++m) {
+      if (m < warp_tiles) issue_tile(m);
+      copy_async_commit();  // one group per tile, empty or not: the wait counts stay exact
+    }
+#pragma unroll 1
+    for (int m = 0; m < warp_tiles; ++m) {
+      if (m + kStages - 1 < warp_tiles) issue_tile(m + kStages - 1);
+      copy_async_commit();
+      copy_async_wait<kStages - 1>();  // this thread's copies of tile m have landed
+      __syncwarp();                    // and every lane's are visible to the warp
+      const int slot = m % kStages;
+      const int tile0 = tok_begin + (warp + kNumWarps * m) * kTile;
+      const unsigned char* const k_src = ring + slot * Cfg::kStageBytes;
+      const unsigned char* const v_src = k_src + Cfg::kKTileBytes;
+
+      // ---- QK: kLanesPerToken lanes per token ----
+      const uint32_t heads_mask = smem_masks[warp][slot][qk_tok];
+      float dot[kHeadTile];
+#pragma unroll
+      for (int g = 0; g < kHeadTile; ++g) dot[g] = 0.0f;
+      if (heads_mask != 0) {
+        const CacheT* k_row = reinterpret_cast<const CacheT*>(k_src + qk_tok * Cfg::kKRowBytes);
+#pragma unroll 2
+        for (int i = qk_sub; i < num_k_vecs; i += kLanesPerToken) {
+          float k[kX];
+          load_to_float<CacheT, 16>(k_row + i * kX, e5m2, k);
+#pragma unroll
+          for (int g = 0; g < kHeadTile; ++g) {
+            const float4* q4 = reinterpret_cast<const float4*>(&smem_q[g][i * kX]);
+#pragma unroll
+            for (int c = 0; c < kX / 4; ++c) {
+              const float4 qv = q4[c];
+              dot[g] += qv.x * k[4 * c] + qv.y * k[4 * c + 1] + qv.z * k[4 * c + 2] +
+                        qv.w * k[4 * c + 3];
+            }
+          }
+        }
+      }
+      float logit[kHeadTile];
+      const float alibi_pos = static_cast<float>(tile0 + qk_tok - seq_len + 1);
+#pragma unroll
+      for (int g = 0; g < kHeadTile; ++g) {
+#pragma unroll
+        for (int mask = kLanesPerToken / 2; mask > 0; mask >>= 1)
+          dot[g] += __shfl_xor_sync(0xffffffffu, dot[g], mask, kWarpSize);
+        logit[g] = (heads_mask >> g) & 1u ? dot[g] * k_scale + slope[g] * alibi_pos : -INFINITY;
+      }
+
+      // ---- online softmax update (a token's lanes hold the same logit) ----
+#pragma unroll
+      for (int g = 0; g < kHeadTile; ++g) {
+        float tile_max = logit[g];
+#pragma unroll
+        for (int mask = kWarpSize / 2; mask >= kLanesPerToken; mask >>= 1)
+          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, mask, kWarpSize));
+        MergeFactors f;
+        const SoftmaxStats merged =
+            merge_stats(SoftmaxStats{run_max[g], 0.0f}, SoftmaxStats{tile_max, 0.0f}, f);
+        const float prob = merged.max == -INFINITY ? 0.0f : expf(logit[g] - merged.max);
+        lane_sum[g] = lane_sum[g] * f.scale_a + (qk_sub == 0 ? prob : 0.0f);
+#pragma unroll
+        for (int j = 0; j < kDimsPerLane; ++j) acc[g][j] *= f.scale_a;
+        run_max[g] = merged.max;
+        if (qk_sub == 0) smem_probs[warp][g][qk_tok] = prob;
+      }
+      __syncwarp();
+
+      // ---- P.V from the stage: lane owns dims lane + kWarpSize * j ----
+#pragma unroll 1
+      for (int s0 = 0; s0 < kTile; s0 += kVVec) {
+        if (tile0 + s0 >= tok_end) break;  // warp-uniform
+        float v[kDimsPerLane][kVVec];
+#pragma unroll
+        for (int j = 0; j < kDimsPerLane; ++j) {
+          const int d = lane + j * kWarpSize;
+          if (d >= head_size) {
+#pragma unroll
+            for (int e = 0; e < kVVec; ++e) v[j][e] = 0.0f;
+          } else if (!token_major) {
+            load_to_float<CacheT, kVBytes>(
+                reinterpret_cast<const CacheT*>(v_src + d * Cfg::kVRowBytes + s0 * kElem), e5m2,
+                v[j]);
+          } else {
+#pragma unroll
+            for (int e = 0; e < kVVec; ++e)
+              v[j][e] = load_one(reinterpret_cast<const CacheT*>(
+                                     v_src + (s0 + e) * Cfg::kVTokenRowBytes) + d,
+                                 e5m2);
+          }
+        }
+#pragma unroll
+        for (int g = 0; g < kHeadTile; ++g) {
+          const float4* p4 = reinterpret_cast<const float4*>(&smem_probs[warp][g][s0]);
+#pragma unroll
+          for (int c = 0; c < kVVec / 4; ++c) {
+            const float4 pr = p4[c];
+#pragma unroll
+            for (int j = 0; j < kDimsPerLane; ++j)
+              acc[g][j] += pr.x * v[j][4 * c] + pr.y * v[j][4 * c + 1] +
+                           pr.z * v[j][4 * c + 2] + pr.w * v[j][4 * c + 3];
+          }
+        }
+      }
+      __syncwarp();  // NOTE: the slot and the probs are rewritten only after every lane read them
+    }
+    copy_async_wait<0>();
+
+    // ---- merge: lanes (butterfly), then warps in order, as the baseline ----
+    SoftmaxStats warp_stats[kHeadTile];
+#pragma unroll
+    for (int g = 0; g < kHeadTile; ++g)
+      warp_stats[g] = butterfly_allreduce<kWarpSize>(SoftmaxStats{run_max[g], lane_sum[g]},
+                                                     StatsMergeOp{}, shuffle);
+    __syncthreads();  // NOTE: every warp is done with its ring, which smem_out aliases
+#pragma unroll
+    for (int g = 0; g < kHeadTile; ++g) {
+      if (lane == 0) smem_stats[warp][g] = warp_stats[g];
+#pragma unroll
+      for (int j = 0; j < kDimsPerLane; ++j) smem_out[warp][g][lane + j * kWarpSize] = acc[g][j];
+    }
+    const bool any_bad = __syncthreads_or(bad_block);
+
+    for (int i = threadIdx.x; i < num_tile_heads * head_size; i += kThreads) {
+      const int g = i / head_size;
+      const int d = i % head_size;
+      CompoundState<1> total;
+      total.init();
+#pragma unroll
+      for (int w = 0; w < kNumWarps; ++w) {
+        CompoundState<1> warp_state;
+        warp_state.stats = smem_stats[w][g];
+        warp_state.out[0] = smem_out[w][g][d];
+        total.merge(warp_state);
+      }
+      const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head0 + g;
+      const float value = any_bad ? quiet_nan() : total.out[0] * inv_sum(total.stats) * v_scale;
+      if (!is_split) {
+        static_cast<Scalar*>(p.out)[row * head_size + d] = from_float<Scalar>(value);
+      } else {
+        const int64_t prow = row * p.max_num_partitions + part;
+        static_cast<Scalar*>(p.tmp_out)[prow * head_size + d] = from_float<Scalar>(value);
+        if (d == 0) {
+          p.max_logits[prow] = any_bad ? quiet_nan() : total.stats.max;
+          p.exp_sums[prow] = any_bad ? quiet_nan() : total.stats.sum;
+        }
+      }
+    }
+    __syncthreads();  // NOTE: the next pass rewrites q, the rings (smem_out) and the stats
+  }
+}
+
+}  // namespace cuda
+}  // namespace paged_attn

@@ -1,0 +1,111 @@
+// kernel_choice.cu — the definitions of kernel_choice.h (host code only).
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+
+#include "kernel_choice.h"
+
+namespace paged_attn {
+namespace cuda {
+namespace {
+
+constexpr const char* kEnvVar = "PAGED_ATTN_CUDA_KERNEL";
+constexpr int kMinPipelinedMajor = 8;  // cp.async: sm_80
+
+// The setting: -1 not read yet, else one of these.
+enum Setting : int { kAuto = 0, kForceBaseline = 1, kForcePipelined = 2, kInvalid = 3 };
+std::atomic<int> g_setting{-1};
+std::string g_value;  // the raw value (set under g_mutex before g_setting is published)
+std::mutex g_mutex;
+
+std::array<std::atomic<uint64_t>, kNumAttentionKernels> g_launches{};
+
+// Compute capability major per device: 0 not read yet.
+constexpr int kMaxDevices = 128;
+std::array<std::atomic<int>, kMaxDevices> g_major{};
+
+int read_setting_locked() {
+  const char* env = std::getenv(kEnvVar);
+  g_value = env != nullptr ? env : "";
+  if (g_value.empty() || g_value == "auto") return kAuto;
+  if (g_value == "baseline") return kForceBaseline;
+  if (g_value == "pipelined") return kForcePipelined;
+  return kInvalid;
+}
+
+int setting() {
+  int s = g_setting.load(std::memory_order_acquire);
+  if (s >= 0) return s;
+  const std::lock_guard<std::mutex> lock(g_mutex);
+  s = g_setting.load(std::memory_order_acquire);
+  if (s < 0) {
+    s = read_setting_locked();
+    g_setting.store(s, std::memory_order_release);
+  }
+  return s;
+}
+
+std::string invalid_message() {
+  return std::string(kEnvVar) + "='" + g_value +
+         "' is not a CUDA attention kernel: use baseline, pipelined, or auto (or leave it unset)";
+}
+
+int device_major(int device) {
+  if (device < 0 || device >= kMaxDevices) return 0;
+  int major = g_major[device].load(std::memory_order_relaxed);
+  if (major == 0 &&
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess)
+    g_major[device].store(major, std::memory_order_relaxed);
+  return major;
+}
+
+}  // namespace
+
+const char* attention_kernel_name(AttentionKernel kernel) {
+  return kernel == AttentionKernel::kPipelined ? "pipelined" : "baseline";
+}
+
+AttentionKernel choose_attention_kernel(int device, std::string* error) {
+  const int s = setting();
+  if (s == kForceBaseline) return AttentionKernel::kBaseline;
+  if (s == kInvalid) {
+    *error = invalid_message();
+    return AttentionKernel::kBaseline;
+  }
+  const int major = device_major(device);
+  if (major >= kMinPipelinedMajor) return AttentionKernel::kPipelined;
+  if (s == kForcePipelined) {
+    *error = std::string(kEnvVar) + "=pipelined needs a GPU of sm_80 or newer (cp.async); cuda:" +
+             std::to_string(device) + " is sm_" + std::to_string(major) + "x: use baseline";
+  }
+  return AttentionKernel::kBaseline;
+}
+
+std::string attention_kernel_setting() {
+  switch (setting()) {
+    case kForceBaseline: return std::string("baseline (") + kEnvVar + "=baseline)";
+    case kForcePipelined: return std::string("pipelined (") + kEnvVar + "=pipelined)";
+    case kInvalid: return "error: " + invalid_message();
+    default: return "auto: pipelined on sm_80+, baseline below sm_80";
+  }
+}
+
+void reload_attention_kernel_setting() {
+  const std::lock_guard<std::mutex> lock(g_mutex);
+  g_setting.store(read_setting_locked(), std::memory_order_release);
+}
+
+void count_attention_launch(AttentionKernel kernel) {
+  g_launches[static_cast<int>(kernel)].fetch_add(1, std::memory_order_relaxed);
+}
+
+uint64_t attention_launches(AttentionKernel kernel) {
+  return g_launches[static_cast<int>(kernel)].load(std::memory_order_relaxed);
+}
+
+}  // namespace cuda
+}  // namespace paged_attn
