@@ -1,7 +1,7 @@
 // cuda_arch.h — can a CUDA build run on a GPU? Host-only, no torch, no CUDA: pure functions over
 // the list of compiled images ("sm_75,sm_80,compute_120") and a compute capability.
 //
-// The C++ twin of paged_attention_ext/cuda_arch.py (which has the rules and their sources);
+// The C++ twin of paged_attention_ext/tools/cuda_arch.py (which has the rules and their sources);
 // tests/test_cuda_arch.py feeds both the same table and checks they agree, including the text
 // of the error. ops_cuda.cu calls these once per device, before the first launch there.
 //   - SASS sm_XY runs on X.Z with Z >= Y (same major); sm_XYa only on X.Y; sm_XYf on X.Z, Z >= Y.
