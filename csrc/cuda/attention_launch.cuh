@@ -47,14 +47,14 @@ void launch_paged_attention(const PagedAttentionParams& p, cudaStream_t stream) 
 // memory is dynamic: above 48 KiB the kernel must be allowed it first (an error there is left for
 // the caller's launch check, as a failed launch is).
 template <ScalarKind kScalar, CacheKind kCache>
-void launch_paged_attention_pipelined(const PagedAttentionParams& p, bool is_v2,
-                                      cudaStream_t stream) {
+void launch_paged_attention_pipelined(const PagedAttentionParams& p, cudaStream_t stream) {
   using Scalar = typename ScalarOf<kScalar>::type;
   using CacheT = typename CacheElement<Scalar, kCache>::type;
-  const dim3 grid(p.num_seqs, p.num_kv_heads, is_v2 ? p.max_num_partitions : 1);
-  // NOTE: the pipelined kernel needs partitions of whole 32-token tiles (PipelineConfig checks
-  // kPartitionSize): a partition size chosen at run time must stay a multiple of 32.
-  const int partition_size = is_v2 ? kPartitionSize : 0;
+  // NOTE: the kernel needs partitions of whole 32-token tiles: v2's kPartitionSize (checked in
+  // PipelineConfig) and the v1 / decode split's sizes, multiples of the tile_tokens ops_cuda.cu
+  // gives plan_split (kThreads, asserted below).
+  static_assert(kThreads % kWarpSize == 0, "split partitions are whole 32-token tiles");
+  const dim3 grid(p.num_seqs, p.num_kv_heads, p.partition_size > 0 ? p.max_num_partitions : 1);
   const int group = p.num_heads / p.num_kv_heads;
   dispatch_head_size(p.head_size, [&](auto dims_per_lane) {
     dispatch_head_tile(group, [&](auto head_tile) {
@@ -68,7 +68,7 @@ void launch_paged_attention_pipelined(const PagedAttentionParams& p, bool is_v2,
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) !=
               cudaSuccess)
         return;
-      kernel<<<grid, kThreads, kSmem, stream>>>(p, partition_size);
+      kernel<<<grid, kThreads, kSmem, stream>>>(p);
     });
   });
 }
