@@ -39,7 +39,7 @@ float cache_scale(const PagedAttentionParams& p, const float* ptr, float value) 
 // Work items per thread at least: enough that each thread reads kMinBytesPerThread of K / V.
 // Below that the whole call runs in the calling thread: waking a second OpenMP thread costs more
 // than such a call gains from it, far more when another process holds that core (a tiny call
-// then waits a scheduler time slice at the region's closing barrier; docs/CPU_KERNEL.md).
+// then waits a scheduler time slice at the region's closing barrier; docs/history/CPU_KERNEL_LOG.md).
 constexpr int64_t kMinBytesPerThread = 4 << 20;
 
 int64_t task_grain(const PagedAttentionParams& p, int64_t n_tasks) {
@@ -116,7 +116,7 @@ void paged_attention(const PagedAttentionParams& p, bool is_v2, PartitionKernel 
   const int P = is_v2 ? p.max_num_partitions : std::max(1, partitions_of(longest));
   // Partition-major: the KV heads of one partition are consecutive items, so a thread reads
   // each block's heads (adjacent slices of one block) one after another, and the next item's
-  // prefetch lands in the same blocks (docs/CPU_KERNEL.md, "Work-item order").
+  // prefetch lands in the same blocks (docs/CPU_KERNEL.md, "Performance: where the time goes").
   std::vector<PartitionTask> tasks;
   for (int s = 0; s < p.num_seqs; ++s)
     for (int part = 0; part < partitions_of(p.seq_lens[s]); ++part)

@@ -43,7 +43,7 @@
 // Prefetch (addresses known from the block tables), all into L2: while scoring block i, block
 // i + 4's K and block i's V, so PV finds the partition's V in L2; during PV, the next work item's
 // K (within an L2 budget), a few lines per step: a burst stalls on the miss buffers and leaves
-// nothing in flight during the compute (docs/CPU_KERNEL.md has the measurements).
+// nothing in flight during the compute (docs/history/CPU_KERNEL_LOG.md has the measurements).
 #ifndef PA_ISA
 #error "partition_kernel.h is included by an ISA file that defines PA_ISA and its struct Isa"
 #endif
