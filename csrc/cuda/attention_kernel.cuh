@@ -103,6 +103,28 @@ struct AttentionSmem {
   int64_t sparse_offset[kHeadTile];              // blocksparse: blocksparse_offset of each slot
 };
 
+// Writes dim d of query head `head0 + g`'s result for the block of (seq, part): `total` is the
+// merge of the block's warps; one pass writes out = output / sum * v_scale, a split writes the
+// partition's tmp_out row (and, from d == 0, its max_logits / exp_sums). any_bad: NaN everywhere.
+template <typename Scalar>
+__device__ __forceinline__ void write_head_result(const PagedAttentionParams& p, int seq,
+                                                  int head, int part, int d,
+                                                  const CompoundState<1>& total, bool any_bad,
+                                                  float v_scale) {
+  const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head;
+  const float value = any_bad ? quiet_nan() : total.out[0] * inv_sum(total.stats) * v_scale;
+  if (p.partition_size == 0) {
+    static_cast<Scalar*>(p.out)[row * p.head_size + d] = from_float<Scalar>(value);
+  } else {
+    const int64_t prow = row * p.max_num_partitions + part;
+    static_cast<Scalar*>(p.tmp_out)[prow * p.head_size + d] = from_float<Scalar>(value);
+    if (d == 0) {
+      p.max_logits[prow] = any_bad ? quiet_nan() : total.stats.max;
+      p.exp_sums[prow] = any_bad ? quiet_nan() : total.stats.sum;
+    }
+  }
+}
+
 // Bit g set: tile slot g (< num_tile_heads) attends cache block `block` (index in the row's block
 // table) of a row of seq_len tokens; every bit when the call is dense.
 template <int kHeadTile>
@@ -161,7 +183,6 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
   const int part = blockIdx.z;
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
-  const bool is_split = p.partition_size > 0;  // write the scratch (v2 or a v1 / decode split)
   const int head_size = p.head_size;
   const int block_size = p.block_size;
   const int group = p.num_heads / p.num_kv_heads;  // query heads per KV head
@@ -396,18 +417,7 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
         warp_state.out[0] = smem.out[w][g][d];
         total.merge(warp_state);
       }
-      const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head0 + g;
-      const float value = any_bad ? quiet_nan() : total.out[0] * inv_sum(total.stats) * v_scale;
-      if (!is_split) {
-        static_cast<Scalar*>(p.out)[row * head_size + d] = from_float<Scalar>(value);
-      } else {
-        const int64_t prow = row * p.max_num_partitions + part;
-        static_cast<Scalar*>(p.tmp_out)[prow * head_size + d] = from_float<Scalar>(value);
-        if (d == 0) {
-          p.max_logits[prow] = any_bad ? quiet_nan() : total.stats.max;
-          p.exp_sums[prow] = any_bad ? quiet_nan() : total.stats.sum;
-        }
-      }
+      write_head_result<Scalar>(p, seq, head0 + g, part, d, total, any_bad, v_scale);
     }
     __syncthreads();  // NOTE: the next pass rewrites smem.q / out / stats
   }

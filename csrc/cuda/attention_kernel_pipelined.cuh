@@ -223,7 +223,6 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
   const int part = blockIdx.z;
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
-  const bool is_split = p.partition_size > 0;  // write the scratch (v2 or a v1 / decode split)
   const int head_size = p.head_size;
   const int block_size = p.block_size;
   const int group = p.num_heads / p.num_kv_heads;
@@ -551,18 +550,7 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
         warp_state.out[0] = smem_out[w][g][d];
         total.merge(warp_state);
       }
-      const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head0 + g;
-      const float value = any_bad ? quiet_nan() : total.out[0] * inv_sum(total.stats) * v_scale;
-      if (!is_split) {
-        static_cast<Scalar*>(p.out)[row * head_size + d] = from_float<Scalar>(value);
-      } else {
-        const int64_t prow = row * p.max_num_partitions + part;
-        static_cast<Scalar*>(p.tmp_out)[prow * head_size + d] = from_float<Scalar>(value);
-        if (d == 0) {
-          p.max_logits[prow] = any_bad ? quiet_nan() : total.stats.max;
-          p.exp_sums[prow] = any_bad ? quiet_nan() : total.stats.sum;
-        }
-      }
+      write_head_result<Scalar>(p, seq, head0 + g, part, d, total, any_bad, v_scale);
     }
     __syncthreads();  // NOTE: the next pass rewrites q, the rings (smem_out) and the stats
   }

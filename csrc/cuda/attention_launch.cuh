@@ -28,18 +28,25 @@ struct ScalarOf<ScalarKind::kFloat16> { using type = __half; };
 template <>
 struct ScalarOf<ScalarKind::kBFloat16> { using type = __nv_bfloat16; };
 
-template <ScalarKind kScalar, CacheKind kCache>
-void launch_paged_attention(const PagedAttentionParams& p, cudaStream_t stream) {
-  using Scalar = typename ScalarOf<kScalar>::type;
+// Both attention kernels' grid (num_seqs, num_kv_heads, partitions) and template shape:
+// launch(grid, IntC<kDimsPerLane>, IntC<kHeadTile>) for p's head size and GQA ratio.
+template <typename Launch>
+void dispatch_attention_shape(const PagedAttentionParams& p, Launch&& launch) {
   const dim3 grid(p.num_seqs, p.num_kv_heads, p.partition_size > 0 ? p.max_num_partitions : 1);
   const int group = p.num_heads / p.num_kv_heads;
   dispatch_head_size(p.head_size, [&](auto dims_per_lane) {
-    dispatch_head_tile(group, [&](auto head_tile) {
-      constexpr int kDimsPerLane = decltype(dims_per_lane)::value;
-      constexpr int kHeadTile = decltype(head_tile)::value;
-      paged_attention_kernel<Scalar, kCache, kDimsPerLane, kHeadTile, kWarpSize, kNumWarps>
-          <<<grid, kThreads, 0, stream>>>(p);
-    });
+    dispatch_head_tile(group, [&](auto head_tile) { launch(grid, dims_per_lane, head_tile); });
+  });
+}
+
+template <ScalarKind kScalar, CacheKind kCache>
+void launch_paged_attention(const PagedAttentionParams& p, cudaStream_t stream) {
+  using Scalar = typename ScalarOf<kScalar>::type;
+  dispatch_attention_shape(p, [&](const dim3& grid, auto dims_per_lane, auto head_tile) {
+    constexpr int kDimsPerLane = decltype(dims_per_lane)::value;
+    constexpr int kHeadTile = decltype(head_tile)::value;
+    paged_attention_kernel<Scalar, kCache, kDimsPerLane, kHeadTile, kWarpSize, kNumWarps>
+        <<<grid, kThreads, 0, stream>>>(p);
   });
 }
 
@@ -54,22 +61,18 @@ void launch_paged_attention_pipelined(const PagedAttentionParams& p, cudaStream_
   // PipelineConfig) and the v1 / decode split's sizes, multiples of the tile_tokens ops_cuda.cu
   // gives plan_split (kThreads, asserted below).
   static_assert(kThreads % kWarpSize == 0, "split partitions are whole 32-token tiles");
-  const dim3 grid(p.num_seqs, p.num_kv_heads, p.partition_size > 0 ? p.max_num_partitions : 1);
-  const int group = p.num_heads / p.num_kv_heads;
-  dispatch_head_size(p.head_size, [&](auto dims_per_lane) {
-    dispatch_head_tile(group, [&](auto head_tile) {
-      constexpr int kDimsPerLane = decltype(dims_per_lane)::value;
-      constexpr int kHeadTile = decltype(head_tile)::value;
-      constexpr int kSmem =
-          PipelineConfig<CacheT, kDimsPerLane, kHeadTile, kWarpSize, kNumWarps>::kSmemBytes;
-      auto* kernel = paged_attention_pipelined_kernel<Scalar, kCache, kDimsPerLane, kHeadTile,
-                                                      kWarpSize, kNumWarps>;
-      if (kSmem > 48 * 1024 &&
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) !=
-              cudaSuccess)
-        return;
-      kernel<<<grid, kThreads, kSmem, stream>>>(p);
-    });
+  dispatch_attention_shape(p, [&](const dim3& grid, auto dims_per_lane, auto head_tile) {
+    constexpr int kDimsPerLane = decltype(dims_per_lane)::value;
+    constexpr int kHeadTile = decltype(head_tile)::value;
+    constexpr int kSmem =
+        PipelineConfig<CacheT, kDimsPerLane, kHeadTile, kWarpSize, kNumWarps>::kSmemBytes;
+    auto* kernel = paged_attention_pipelined_kernel<Scalar, kCache, kDimsPerLane, kHeadTile,
+                                                    kWarpSize, kNumWarps>;
+    if (kSmem > 48 * 1024 &&
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) !=
+            cudaSuccess)
+      return;
+    kernel<<<grid, kThreads, kSmem, stream>>>(p);
   });
 }
 
