@@ -13,10 +13,10 @@ import itertools
 import os
 import random
 import re
-import shutil
 import subprocess
 import textwrap
 
+import host_cpp
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,30 +44,15 @@ INT32_MAX = 2**31 - 1
 GRID_Z = 65535
 
 
-def _compiler():
-    for name in ("g++", "c++", "clang++"):
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
-
-
 @pytest.fixture(scope="module")
 def plan(tmp_path_factory):
     """plan(shapes) -> (constants, [(num_partitions, partition_size, split)])."""
-    if _compiler() is None:
-        pytest.skip("no C++ compiler (g++) on PATH")
-    tmp = tmp_path_factory.mktemp("split_plan")
-    src, exe = tmp / "split_plan_host.cpp", tmp / "split_plan_host"
-    src.write_text(HOST_PROGRAM)
-    build = subprocess.run([_compiler(), "-std=c++17", "-O1", "-Wall", "-Werror", "-I",
-                            os.path.join(ROOT, "csrc"), str(src), "-o", str(exe)],
-                           capture_output=True, text=True, timeout=120)
-    assert build.returncode == 0, build.stderr
+    exe = host_cpp.build(tmp_path_factory.mktemp("split_plan"), "split_plan_host", HOST_PROGRAM,
+                         std="c++17", flags=("-O1", "-Wall", "-Werror"))
 
     def run(shapes):
         text = "".join(" ".join(map(str, s)) + "\n" for s in shapes)
-        out = subprocess.run([str(exe)], input=text, capture_output=True, text=True,
+        out = subprocess.run([exe], input=text, capture_output=True, text=True,
                              timeout=120, check=True).stdout.split("\n")
         constants = tuple(map(int, out[0].split()))
         plans = [tuple(map(int, line.split())) for line in out[1:1 + len(shapes)]]

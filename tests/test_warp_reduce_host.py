@@ -9,14 +9,10 @@ checks every lane's result against (a) a sequential merge_stats fold and (b) the
 statistics computed directly in double precision from the logits each lane summarised.
 """
 
-import os
-import shutil
 import subprocess
 import textwrap
 
-import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import host_cpp
 
 HOST_PROGRAM = textwrap.dedent(r"""
     #include <barrier>
@@ -198,24 +194,9 @@ HOST_PROGRAM = textwrap.dedent(r"""
 """)
 
 
-def _compiler():
-    for name in ("g++", "c++", "clang++"):
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
-
-
-@pytest.mark.skipif(_compiler() is None, reason="no C++ compiler (g++) on PATH")
 def test_butterfly_matches_sequential_merge(tmp_path):
-    src = tmp_path / "warp_reduce_host.cpp"
-    exe = tmp_path / "warp_reduce_host"
-    src.write_text(HOST_PROGRAM)
-    build = subprocess.run(
-        [_compiler(), "-std=c++20", "-O1", "-pthread", "-I", os.path.join(ROOT, "csrc"),
-         str(src), "-o", str(exe)], capture_output=True, text=True, timeout=120)
-    assert build.returncode == 0, build.stderr
-    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    exe = host_cpp.build(tmp_path, "warp_reduce_host", HOST_PROGRAM)
+    run = subprocess.run([exe], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and "OK" in run.stdout, run.stdout + run.stderr
     for width, lanes in ((32, 32), (64, 64), (32, 8), (64, 16)):
         assert f"checked W={width} L={lanes}" in run.stdout
