@@ -14,7 +14,7 @@
 //     cuda_runtime_version int (CUDART_VERSION), 0 without CUDA
 //     cuda_attention_kernel str, which CUDA attention kernel runs: PAGED_ATTN_CUDA_KERNEL or the
 //                          rule (cuda/kernel_choice.h), "" without CUDA
-//   cuda_attention_launches([reload]) -> {"baseline": n, "pipelined": n}
+//   cuda_attention_launches([reload]) -> {"baseline": n, "pipelined": n, "mma": n}
 //                          attention launches per CUDA kernel so far ({} without CUDA); a true
 //                          `reload` first reads PAGED_ATTN_CUDA_KERNEL again (tests switch kernels)
 #include <Python.h>
@@ -134,7 +134,8 @@ PyObject* cuda_attention_launches(PyObject*, PyObject* args) {
   if (!PyArg_ParseTuple(args, "|p", &reload)) return nullptr;
   if (reload) cuda::reload_attention_kernel_setting();
   PyObject* dict = PyDict_New();
-  for (auto kernel : {cuda::AttentionKernel::kBaseline, cuda::AttentionKernel::kPipelined}) {
+  for (int i = 0; i < cuda::kNumAttentionKernels; ++i) {
+    const auto kernel = static_cast<cuda::AttentionKernel>(i);
     if (dict != nullptr &&
         !set_item(dict, cuda::attention_kernel_name(kernel),
                   PyLong_FromUnsignedLongLong(cuda::attention_launches(kernel))))

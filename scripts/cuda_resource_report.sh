@@ -43,13 +43,23 @@ done
 shopt -u nullglob
 
 # Expected kernels per arch, from the instantiation lists: per (dtype, cache) pair explicitly
-# instantiated by a generated attention_*.cu file (both launchers, baseline and pipelined: a file
-# with one and not the other is an error), attention_kernels_per_pair() (csrc/cuda/dispatch.cuh,
-# both kernel families, computed by running its dispatchers); one reduce kernel per explicit launch_v2_reduce
-# instantiation; reshape_and_cache.cu: two kernels per query dtype of the attention files (a cache
-# of that dtype, fp8 bytes; e4m3 and e5m2 share the byte kernel).
-printf '#include <cstdio>\n#include "cuda/dispatch.cuh"\nint main() { std::printf("%%d\\n", paged_attn::cuda::attention_kernels_per_pair()); }\n' \
-  > "$WORK/count.cpp"
+# instantiated by a generated attention_*.cu file (all three launchers, baseline, pipelined and
+# mma: a file with one and not the others is an error), attention_kernels_per_pair(dtype)
+# (csrc/cuda/dispatch.cuh, every kernel family, computed by running its dispatchers); one reduce
+# kernel per explicit launch_v2_reduce instantiation; reshape_and_cache.cu: two kernels per query
+# dtype of the attention files (a cache of that dtype, fp8 bytes; e4m3 and e5m2 share the byte
+# kernel).
+cat > "$WORK/count.cpp" <<'CPP'
+#include <cstdio>
+#include "cuda/dispatch.cuh"
+int main() {  // "kFloat32=N kFloat16=M ...": per pair of the list, its dtype's count
+  using paged_attn::ScalarKind;
+#define PA_COUNT(S, C) \
+  std::printf("%s=%d ", #S, paged_attn::cuda::attention_kernels_per_pair(ScalarKind::S));
+  PAGED_ATTN_CUDA_PAIRS(PA_COUNT)
+  std::printf("\n");
+}
+CPP
 "${CXX:-c++}" -std=c++17 -I"$ROOT/csrc" "$WORK/count.cpp" -o "$WORK/count"
 PER_PAIR="$("$WORK/count")"
 if [[ -n "${FROM_LOG:-}" ]]; then
@@ -60,10 +70,12 @@ if [[ -n "${FROM_LOG:-}" ]]; then
 fi
 EXPECTED="$(python3 - "$PER_PAIR" "$GEN" "${FILES[@]}" <<'PY'
 import glob, os, re, sys
-per_pair, gen_dir, files = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
-pair = re.compile(r"template void launch_paged_attention<ScalarKind::(\w+), CacheKind::(\w+)>")
-pipelined = re.compile(
-    r"template void launch_paged_attention_pipelined<ScalarKind::(\w+), CacheKind::(\w+)>")
+per_pair = {k: int(v) for k, v in (item.split("=") for item in sys.argv[1].split())}
+gen_dir, files = sys.argv[2], sys.argv[3:]
+launcher = r"template {} {}<ScalarKind::(\w+), CacheKind::(\w+)>"
+pair = re.compile(launcher.format("void", "launch_paged_attention"))
+others = [re.compile(launcher.format("void", "launch_paged_attention_pipelined")),
+          re.compile(launcher.format("bool", "launch_paged_attention_mma"))]
 reduce = re.compile(r"template void launch_v2_reduce<ScalarKind::(\w+)>")
 dtypes = set()
 for f in glob.glob(os.path.join(gen_dir, "attention_*.cu")):
@@ -71,9 +83,11 @@ for f in glob.glob(os.path.join(gen_dir, "attention_*.cu")):
 total = 0
 for f in files:
     text = open(f).read()
-    if sorted(pair.findall(text)) != sorted(pipelined.findall(text)):
-        sys.exit(f"{f}: the baseline and pipelined launchers are not instantiated for the same pairs")
-    total += per_pair * len(pair.findall(text)) + len(reduce.findall(text))
+    pairs = sorted(pair.findall(text))
+    if any(sorted(other.findall(text)) != pairs for other in others):
+        sys.exit(f"{f}: the baseline, pipelined and mma launchers are not instantiated for the "
+                 "same pairs")
+    total += sum(per_pair[scalar] for scalar, _ in pairs) + len(reduce.findall(text))
     if os.path.basename(f) == "reshape_and_cache.cu":
         total += 2 * len(dtypes)
 print(total)
@@ -168,7 +182,8 @@ with open(out, "w") as f:
             f"expected per arch from the instantiation lists: {expected})  "
             f"spilling: {len(spilling)}  "
             + ("(parsed from the build's log)\n" if source else f"compile wall time: {elapsed} s\n"))
-    f.write("# attention kernel template args: <Scalar, cache, kDimsPerLane, kHeadTile, warp, warps>\n")
+    f.write("# attention kernel template args: <Scalar, cache, kDimsPerLane, kHeadTile, warp, warps"
+            "[, kMma: the pipelined kernel on tensor cores]>\n")
     f.write(f"{'arch':7} {'regs':>4} {'stack':>5} {'spill_st':>8} {'spill_ld':>8} {'smem':>6}  kernel\n")
     for file, arch, name, regs, stack, st, ld, smem in sorted(rows, key=lambda r: (r[1], short(r[2]))):
         f.write(f"{arch:7} {regs:4d} {stack:5d} {st:8d} {ld:8d} {smem:6d}  {short(name)}\n")

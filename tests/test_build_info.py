@@ -91,8 +91,9 @@ def test_cuda_attention_pairs_are_the_instantiated_launchers(build):
         assert isinstance(getattr(torch, dtype), torch.dtype)
         assert core.KV_CACHE_DTYPES[kv] == kv
     assert {(scalar[d], cache[k]) for d, k in pairs} == _launcher_symbols(pa._C.__file__)
-    assert {(scalar[d], cache[k]) for d, k in pairs} == _launcher_symbols(
-        pa._C.__file__, "launch_paged_attention_pipelined")
+    for launcher in ("launch_paged_attention_pipelined", "launch_paged_attention_mma"):
+        assert {(scalar[d], cache[k]) for d, k in pairs} == _launcher_symbols(
+            pa._C.__file__, launcher)
     assert build["cuda_head_sizes"] == sorted(set(build["cuda_head_sizes"]))
     assert build["cuda_runtime_version"] > 0
 

@@ -61,9 +61,17 @@ def ops():
 
 
 # The CUDA attention kernels (csrc/cuda/kernel_choice.h): the oracle comparisons, graph and
-# robustness tests run once per kernel, each forced with PAGED_ATTN_CUDA_KERNEL.
-KERNELS = ("baseline", "pipelined")
+# robustness tests run once per kernel, each forced with PAGED_ATTN_CUDA_KERNEL. "mma" runs the
+# pipelined kernel with the GQA group on tensor cores for 16-bit queries with GQA >= 3
+# (on_tensor_cores) and the plain pipelined kernel for other shapes.
+KERNELS = ("baseline", "pipelined", "mma")
 KERNEL_ENV = "PAGED_ATTN_CUDA_KERNEL"
+
+
+def on_tensor_cores(dtype, num_heads, num_kv_heads):
+    """Whether the mma kernel choice runs a call on tensor cores: the documented rule
+    (docs/CUDA.md "Kernel choice"; dispatch.cuh uses_tensor_cores, head tiles of 4 or 8)."""
+    return dtype in (torch.float16, torch.bfloat16) and num_heads // num_kv_heads >= 3
 
 
 @contextlib.contextmanager
@@ -86,17 +94,21 @@ def _kernel_setting(value):
 def kernel_ops(request, ops):
     """`ops` with PAGED_ATTN_CUDA_KERNEL set to the parameter for the test, and afterwards the
     proof that this kernel, and only this one, ran: the extension's launch counters
-    (_C.cuda_attention_launches). A test cannot pass on the other kernel."""
+    (_C.cuda_attention_launches). A test cannot pass on another kernel. "mma" may also count
+    pipelined launches (the shapes tensor cores do not take; test_mma_choice_follows_the_rule
+    checks which shapes those are)."""
     name = request.param
-    if name == "pipelined" and torch.cuda.get_device_capability() < (8, 0):
-        pytest.skip("the pipelined kernel needs sm_80+ (cp.async); this GPU is sm_"
+    if name != "baseline" and torch.cuda.get_device_capability() < (8, 0):
+        pytest.skip(f"the {name} kernel needs sm_80+ (cp.async, mma.sync); this GPU is sm_"
                     + "".join(map(str, torch.cuda.get_device_capability())))
     with _kernel_setting(name):
         before = paged_attention_ext._C.cuda_attention_launches()
         yield ops
         after = paged_attention_ext._C.cuda_attention_launches()
     ran = {k: after[k] - before[k] for k in KERNELS}
-    assert ran[name] > 0 and all(n == 0 for k, n in ran.items() if k != name), (
+    allowed = {"mma", "pipelined"} if name == "mma" else {name}
+    assert sum(ran[k] for k in allowed) > 0 and all(
+        n == 0 for k, n in ran.items() if k not in allowed), (
         f"{KERNEL_ENV}={name}, but the attention launches were {ran}")
 
 
@@ -104,8 +116,8 @@ def test_build_info_names_the_cuda_attention_kernel():
     build = paged_attention_ext.build_info() or {}
     if not build.get("cuda"):
         pytest.skip("no CUDA build: build_info()['cuda_attention_kernel'] is ''")
-    for value, start in (("", "auto: pipelined on sm_80+"), ("baseline", "baseline ("),
-                         ("pipelined", "pipelined ("), ("turbo", "error: ")):
+    for value, start in (("", "auto: mma on sm_80+"), ("baseline", "baseline ("),
+                         ("pipelined", "pipelined ("), ("mma", "mma ("), ("turbo", "error: ")):
         with _kernel_setting(value):
             got = paged_attention_ext.build_info()["cuda_attention_kernel"]
         assert got.startswith(start), (value, got)
@@ -119,16 +131,35 @@ def test_unknown_kernel_setting_is_a_clear_error(ops):
             call_v1(ops.v1, inputs, alloc_v1_outputs(inputs))
 
 
-def test_default_kernel_follows_the_rule(ops):
-    """Unset: pipelined on sm_80+, baseline below (kernel_choice.h)."""
-    inputs = make_attention_inputs(1, 4, 2, 64, 16, [30], dtype=torch.float16, device=DEV)
-
-    want = "pipelined" if torch.cuda.get_device_capability() >= (8, 0) else "baseline"
-    with _kernel_setting(""):
+def _launches_of_one_call(ops, setting, inputs):
+    """{kernel: launches} of one v1 call under PAGED_ATTN_CUDA_KERNEL=setting."""
+    with _kernel_setting(setting):
         before = paged_attention_ext._C.cuda_attention_launches()
         call_v1(ops.v1, inputs, alloc_v1_outputs(inputs))
         after = paged_attention_ext._C.cuda_attention_launches()
-    assert {k: after[k] - before[k] for k in KERNELS} == {k: int(k == want) for k in KERNELS}
+    return {k: after[k] - before[k] for k in KERNELS}
+
+
+def test_default_kernel_follows_the_rule(ops):
+    """Unset: mma on sm_80+ (tensor cores for a 16-bit GQA-4 call), baseline below
+    (kernel_choice.h)."""
+    inputs = make_attention_inputs(1, 8, 2, 64, 16, [30], dtype=torch.float16, device=DEV)
+    want = "mma" if torch.cuda.get_device_capability() >= (8, 0) else "baseline"
+    assert _launches_of_one_call(ops, "", inputs) == {k: int(k == want) for k in KERNELS}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(8, 8), (4, 2), (6, 2), (8, 2), (16, 2)])
+def test_mma_choice_follows_the_rule(ops, dtype, num_heads, num_kv_heads):
+    """PAGED_ATTN_CUDA_KERNEL=mma: tensor cores exactly where on_tensor_cores says, the
+    pipelined kernel elsewhere."""
+    if torch.cuda.get_device_capability() < (8, 0):
+        pytest.skip("the mma kernel needs sm_80+")
+    dtype = getattr(torch, dtype)
+    inputs = make_attention_inputs(2, num_heads, num_kv_heads, 128, 16, [40, 600], dtype=dtype,
+                                   device=DEV)
+    want = "mma" if on_tensor_cores(dtype, num_heads, num_kv_heads) else "pipelined"
+    assert _launches_of_one_call(ops, "mma", inputs) == {k: int(k == want) for k in KERNELS}
 
 
 def _cuda_archs_in_extension():

@@ -55,16 +55,28 @@
 //   written into shared memory that aliases the rings.
 // - Merge: as the baseline: butterfly StatsMergeOp over the lanes (warp_reduce.cuh), then the
 //   warps' compound states in warp order 0..3 (compound_state.h), normalised, times v_scale.
+// - Tensor cores (kMma: 16-bit queries, GQA tiles of 4 or 8 heads; dispatch.cuh
+//   uses_tensor_cores): QK, the softmax and P.V of the tile's heads run as GqaMmaWarp
+//   (gqa_mma.cuh) on the stage instead of the per-head FMAs above; the query stays 16-bit in
+//   registers (scale applied to the fp32 logits), K rows are padded to an odd number of 16-byte
+//   units (the B-fragment reads of 8 rows x 4 words are then conflict-free), and the warp's
+//   (max, sum) and O^T go to the same merge.
 // Shared memory is dynamic (launch: cudaFuncSetAttribute above 48 KiB); PipelineConfig below
 // holds every size.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "../core/compound_state.h"
 #include "../core/params.h"
 #include "attention_kernel.cuh"  // quiet_nan, attending_heads
 #include "cache_access.cuh"
+#include "gqa_mma.cuh"
 #include "warp_reduce.cuh"
 
 namespace paged_attn {
@@ -126,6 +138,9 @@ constexpr int floor_pow2(int v) {
   while (p * 2 <= v) p *= 2;
   return p;
 }
+// Row stride in bytes for rows of `bytes`: an odd number of 16-byte units, so that 8 rows start in
+// 8 different 16-byte bank groups (the tensor-core B fragments read 8 rows x 16 bytes at once).
+constexpr int odd_units_row_bytes(int bytes) { return (((bytes + 15) / 16) | 1) * 16; }
 constexpr int clamp_int(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
 constexpr int max_int(int a, int b) { return a > b ? a : b; }
 
@@ -133,7 +148,8 @@ constexpr int kKTileBudget = 2048;      // bytes of K per tile at the largest he
 constexpr int kRingBudget = 16 * 1024;  // bytes of ring per warp (3 blocks of head 128 per H200 SM)
 
 // Every size of the pipelined kernel for one instantiation (bytes unless named otherwise).
-template <typename CacheT, int kDimsPerLane, int kHeadTile, int kWarpSize, int kNumWarps>
+template <typename CacheT, int kDimsPerLane, int kHeadTile, int kWarpSize, int kNumWarps,
+          bool kMma = false>
 struct PipelineConfig {
   static constexpr int kElem = static_cast<int>(sizeof(CacheT));
   static constexpr int kMaxDims = kDimsPerLane * kWarpSize;
@@ -141,8 +157,9 @@ struct PipelineConfig {
   static constexpr int kTileTokens =
       clamp_int(floor_pow2(kKTileBudget / (kMaxDims * kElem)), kChunkElems, kWarpSize);
   static constexpr int kLanesPerToken = kWarpSize / kTileTokens;
-  static constexpr int kKRowBytes =  // K: one token, read by the token's kLanesPerToken lanes
-      conflict_free_row_bytes(kMaxDims * kElem, kLanesPerToken);
+  static constexpr int kKRowBytes =  // K: one token, read by its kLanesPerToken lanes (or MMA)
+      kMma ? odd_units_row_bytes(kMaxDims * kElem)
+           : conflict_free_row_bytes(kMaxDims * kElem, kLanesPerToken);
   static constexpr int kVRowBytes =  // vLLM V: one dim, read by one lane
       conflict_free_row_bytes(kTileTokens * kElem, 1);
   static constexpr int kVTokenRowBytes = kMaxDims * kElem;                  // token-major V
@@ -172,6 +189,8 @@ struct PipelineConfig {
   static_assert(kKRowBytes % 16 == 0 && kVRowBytes % 16 == 0 && kStageBytes % 16 == 0,
                 "16-byte aligned rows");
   static_assert(kPartitionSize % kWarpSize == 0, "partitions are whole tiles");
+  static_assert(!kMma || (kTileTokens % 8 == 0 && kMaxDims % 16 == 0 && kHeadTile <= kMmaHeads),
+                "tensor-core tiles: blocks of 8 tokens, slices of 16 dims, at most 8 heads");
   static_assert(kSmemBytes <= 99 * 1024,
                 "fits the smallest opt-in shared memory of sm_80 and newer (sm_86: 99 KiB)");
 };
@@ -179,20 +198,112 @@ struct PipelineConfig {
 // Resident blocks per SM promised to ptxas (a register cap of 65536 / (128 * n)): 3 (168
 // registers) as the baseline's small tiles, except tiles of 8 heads (at 168 the 8-head, 2-dims
 // tile spilled on sm_80), else 1 (255). The ring, not the warp count, carries the bytes in flight.
-template <int kDimsPerLane, int kHeadTile>
+// Tensor cores: the accumulator is head_size / 4 floats per lane whatever the heads: 3 up to
+// head 128, else 1.
+template <int kDimsPerLane, int kHeadTile, bool kMma>
 constexpr int pipelined_min_blocks() {
+  if (kMma) return kDimsPerLane <= 4 ? 3 : 1;
   return (kDimsPerLane <= 4 && kDimsPerLane * kHeadTile <= 16 && kHeadTile <= 4) ? 3 : 1;
+}
+
+// ---- the lane operations of GqaMmaWarp on the GPU (gqa_mma.cuh lists them) ----
+template <typename Scalar>
+struct CudaMmaOps {
+  static_assert(std::is_same<Scalar, __half>::value || std::is_same<Scalar, __nv_bfloat16>::value,
+                "tensor cores take 16-bit queries");
+  static constexpr bool kBf16 = std::is_same<Scalar, __nv_bfloat16>::value;
+
+  __device__ __forceinline__ uint32_t pack(float lo, float hi) const {
+    uint32_t bits;
+    if constexpr (kBf16) {
+      const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (low half) = lo
+      memcpy(&bits, &v, 4);
+    } else {
+      const __half2 v = __floats2half2_rn(lo, hi);
+      memcpy(&bits, &v, 4);
+    }
+    return bits;
+  }
+  __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4],
+                                           const uint32_t b[2]) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if constexpr (kBf16) {
+      asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+          "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+          : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    } else {
+      asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+          "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+          : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+#else
+    __trap();  // never launched below sm_80 (kernel_choice.h)
+#endif
+  }
+  __device__ __forceinline__ void mma1688(float c[4], const uint32_t a[2], uint32_t b) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if constexpr (kBf16) {
+      asm("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5}, "
+          "{%6}, {%0, %1, %2, %3};\n"
+          : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+          : "r"(a[0]), "r"(a[1]), "r"(b));
+    } else {
+      asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, "
+          "{%6}, {%0, %1, %2, %3};\n"
+          : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+          : "r"(a[0]), "r"(a[1]), "r"(b));
+    }
+#else
+    __trap();
+#endif
+  }
+  __device__ __forceinline__ float shfl_xor(float v, int lane_mask) const {
+    return __shfl_xor_sync(0xffffffffu, v, lane_mask);
+  }
+  __device__ __forceinline__ float shfl(float v, int src_lane) const {
+    return __shfl_sync(0xffffffffu, v, src_lane);
+  }
+};
+
+// Two cache elements as one MMA register of Scalar pairs (the first in the low half): 16-bit
+// caches hold Scalar already; fp8 bytes are decoded (exactly: every e4m3 / e5m2 value is a
+// bf16 and an fp16 value).
+template <typename Scalar, typename CacheT>
+__device__ __forceinline__ uint32_t mma_pair(const CacheT* first, const CacheT* second,
+                                             bool e5m2, const CudaMmaOps<Scalar>& ops) {
+  if constexpr (std::is_same<CacheT, Scalar>::value) {
+    uint16_t lo, hi;
+    memcpy(&lo, first, 2);
+    memcpy(&hi, second, 2);
+    return lo | (static_cast<uint32_t>(hi) << 16);
+  } else {
+    return ops.pack(fp8_to_float(*first, e5m2), fp8_to_float(*second, e5m2));
+  }
+}
+// The same for two adjacent elements (one 32-bit shared-memory read for 16-bit caches).
+template <typename Scalar, typename CacheT>
+__device__ __forceinline__ uint32_t mma_adjacent_pair(const CacheT* first, bool e5m2,
+                                                      const CudaMmaOps<Scalar>& ops) {
+  if constexpr (std::is_same<CacheT, Scalar>::value) {
+    return *reinterpret_cast<const uint32_t*>(first);
+  } else {
+    return mma_pair<Scalar>(first, first + 1, e5m2, ops);
+  }
 }
 
 // Grid, block, p.partition_size and template parameters: as paged_attention_kernel
 // (attention_kernel.cuh). Dynamic shared memory: PipelineConfig<...>::kSmemBytes.
+// kMma: the tile's heads on tensor cores (see the top; 16-bit Scalar, kHeadTile <= kMmaHeads).
 template <typename Scalar, CacheKind kCache, int kDimsPerLane, int kHeadTile, int kWarpSize,
-          int kNumWarps>
+          int kNumWarps, bool kMma>
 __global__ void __launch_bounds__(kNumWarps* kWarpSize,
-                                  pipelined_min_blocks<kDimsPerLane, kHeadTile>())
+                                  pipelined_min_blocks<kDimsPerLane, kHeadTile, kMma>())
     paged_attention_pipelined_kernel(const PagedAttentionParams p) {
   using CacheT = typename CacheElement<Scalar, kCache>::type;
-  using Cfg = PipelineConfig<CacheT, kDimsPerLane, kHeadTile, kWarpSize, kNumWarps>;
+  using Cfg = PipelineConfig<CacheT, kDimsPerLane, kHeadTile, kWarpSize, kNumWarps, kMma>;
+  static_assert(!kMma || kWarpSize == 32, "mma.sync is a 32-lane operation");
   constexpr int kThreads = kNumWarps * kWarpSize;
   constexpr int kMaxDims = Cfg::kMaxDims;
   constexpr int kTile = Cfg::kTileTokens;
@@ -265,8 +376,8 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
     const int num_tile_heads = min(kHeadTile, group - head_first);
     const int head0 = kv_head * group + head_first;
 
-    // ---- query rows -> shared memory, as the baseline ----
-    for (int i = threadIdx.x; i < kHeadTile * kMaxDims; i += kThreads) {
+    // ---- query rows -> shared memory, as the baseline (tensor cores: registers, below) ----
+    for (int i = threadIdx.x; i < (kMma ? 0 : kHeadTile * kMaxDims); i += kThreads) {
       const int g = i / kMaxDims;
       const int d = i % kMaxDims;
       float q = 0.0f;
@@ -414,6 +525,24 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
     const int qk_tok = lane / kLanesPerToken;  // QK: this lane's token in the tile
     const int qk_sub = lane % kLanesPerToken;  // and its share of the token's chunks
 
+    // ---- tensor cores: the query in registers, this lane's head (GqaMmaWarp::g) ----
+    using MmaOps = CudaMmaOps<std::conditional_t<kMma, Scalar, __half>>;
+    struct NoMma {};
+    const MmaOps mma_ops;
+    std::conditional_t<kMma, GqaMmaWarp<kMaxDims, kTile, MmaOps>, NoMma> mma;
+    float mma_slope = 0.0f;                 // ALiBi slope of head mma.g
+    const float qk_scale = p.scale * k_scale;
+    if constexpr (kMma) {
+      mma.init(lane);
+      mma.load_query(mma_ops, [&](int head, int d) {
+        return head < num_tile_heads && d < head_size
+                   ? to_float(q_row[static_cast<int64_t>(head0 + head) * p.q_head_stride + d])
+                   : 0.0f;
+      });
+      if (p.alibi_slopes != nullptr && mma.g < num_tile_heads)
+        mma_slope = p.alibi_slopes[head0 + mma.g];
+    }
+
     // ---- the pipeline: kStages - 1 tiles ahead ----
 #pragma unroll 1
     for (int m = 0; m < kStages - 1; ++m) {
@@ -430,6 +559,32 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
       const int tile0 = tok_begin + (warp + kNumWarps * m) * kTile;
       const unsigned char* const k_src = ring + slot * Cfg::kStageBytes;
       const unsigned char* const v_src = k_src + Cfg::kKTileBytes;
+
+      if constexpr (kMma) {
+        const uint32_t* const tile_masks = smem_masks[warp][slot];
+        const CacheT* const k_rows = reinterpret_cast<const CacheT*>(k_src);
+        const CacheT* const v_rows = reinterpret_cast<const CacheT*>(v_src);
+        auto k_pair = [&](int tok, int d) {
+          return mma_adjacent_pair<Scalar>(k_rows + tok * (Cfg::kKRowBytes / kElem) + d, e5m2,
+                                           mma_ops);
+        };
+        auto v_pair = [&](int d, int tok) {  // V[tok][d], V[tok + 1][d]
+          if (token_major) {
+            const CacheT* v_tok = v_rows + tok * (Cfg::kVTokenRowBytes / kElem) + d;
+            return mma_pair<Scalar>(v_tok, v_tok + Cfg::kVTokenRowBytes / kElem, e5m2, mma_ops);
+          }
+          return mma_adjacent_pair<Scalar>(v_rows + d * (Cfg::kVRowBytes / kElem) + tok, e5m2,
+                                           mma_ops);
+        };
+        auto logit = [&](int head, int tok, float dot) {  // head is this lane's mma.g
+          return head < num_tile_heads && ((tile_masks[tok] >> head) & 1u)
+                     ? dot * qk_scale + mma_slope * static_cast<float>(tile0 + tok - seq_len + 1)
+                     : -INFINITY;
+        };
+        mma.tile(mma_ops, head_size, k_pair, v_pair, logit);
+        __syncwarp();  // NOTE: the slot is rewritten only after every lane read it
+        continue;
+      }
 
       // ---- QK: kLanesPerToken lanes per token ----
       const uint32_t heads_mask = smem_masks[warp][slot][qk_tok];
@@ -524,17 +679,31 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
     copy_async_wait<0>();
 
     // ---- merge: lanes (butterfly), then warps in order, as the baseline ----
-    SoftmaxStats warp_stats[kHeadTile];
+    if constexpr (kMma) {
+      const SoftmaxStats head_stats = mma.head_stats(mma_ops);  // head mma.g, on its 4 lanes
+      __syncthreads();  // NOTE: every warp is done with its ring, which smem_out aliases
+      if (mma.t == 0 && mma.g < kHeadTile) smem_stats[warp][mma.g] = head_stats;
 #pragma unroll
-    for (int g = 0; g < kHeadTile; ++g)
-      warp_stats[g] = butterfly_allreduce<kWarpSize>(SoftmaxStats{run_max[g], lane_sum[g]},
-                                                     StatsMergeOp{}, shuffle);
-    __syncthreads();  // NOTE: every warp is done with its ring, which smem_out aliases
+      for (int s = 0; s < kMaxDims / 16; ++s) {
 #pragma unroll
-    for (int g = 0; g < kHeadTile; ++g) {
-      if (lane == 0) smem_stats[warp][g] = warp_stats[g];
+        for (int i = 0; i < 4; ++i) {
+          const int head = mma.out_head(i);
+          if (head < kHeadTile) smem_out[warp][head][mma.out_dim(s, i)] = mma.acc[s][i];
+        }
+      }
+    } else {
+      SoftmaxStats warp_stats[kHeadTile];
 #pragma unroll
-      for (int j = 0; j < kDimsPerLane; ++j) smem_out[warp][g][lane + j * kWarpSize] = acc[g][j];
+      for (int g = 0; g < kHeadTile; ++g)
+        warp_stats[g] = butterfly_allreduce<kWarpSize>(SoftmaxStats{run_max[g], lane_sum[g]},
+                                                       StatsMergeOp{}, shuffle);
+      __syncthreads();  // NOTE: every warp is done with its ring, which smem_out aliases
+#pragma unroll
+      for (int g = 0; g < kHeadTile; ++g) {
+        if (lane == 0) smem_stats[warp][g] = warp_stats[g];
+#pragma unroll
+        for (int j = 0; j < kDimsPerLane; ++j) smem_out[warp][g][lane + j * kWarpSize] = acc[g][j];
+      }
     }
     const bool any_bad = __syncthreads_or(bad_block);
 

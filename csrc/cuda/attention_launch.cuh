@@ -1,5 +1,5 @@
-// attention_launch.cuh — definitions of launch_paged_attention (baseline and pipelined kernels) /
-// launch_v2_reduce (launch.h):
+// attention_launch.cuh — definitions of launch_paged_attention (baseline, pipelined and
+// tensor-core pipelined kernels) / launch_v2_reduce (launch.h):
 // the dispatch of dispatch.cuh's lists onto kernel instantiations. Included only by the
 // attention_<dtype>_<cache>.cu files, which instantiate one (dtype, cache) pair each.
 #pragma once
@@ -50,30 +50,52 @@ void launch_paged_attention(const PagedAttentionParams& p, cudaStream_t stream) 
   });
 }
 
-// The same dispatch onto the pipelined kernel (attention_kernel_pipelined.cuh), whose shared
+// One instantiation of the pipelined kernel (attention_kernel_pipelined.cuh), whose shared
 // memory is dynamic: above 48 KiB the kernel must be allowed it first (an error there is left for
 // the caller's launch check, as a failed launch is).
+template <typename Scalar, CacheKind kCache, int kDimsPerLane, int kHeadTile, bool kMma>
+void launch_pipelined_instance(const dim3& grid, const PagedAttentionParams& p,
+                               cudaStream_t stream) {
+  using CacheT = typename CacheElement<Scalar, kCache>::type;
+  constexpr int kSmem =
+      PipelineConfig<CacheT, kDimsPerLane, kHeadTile, kWarpSize, kNumWarps, kMma>::kSmemBytes;
+  auto* kernel = paged_attention_pipelined_kernel<Scalar, kCache, kDimsPerLane, kHeadTile,
+                                                  kWarpSize, kNumWarps, kMma>;
+  if (kSmem > 48 * 1024 &&
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) !=
+          cudaSuccess)
+    return;
+  kernel<<<grid, kThreads, kSmem, stream>>>(p);
+}
+
+// NOTE: the pipelined kernel needs partitions of whole 32-token tiles: v2's kPartitionSize
+// (checked in PipelineConfig) and the v1 / decode split's sizes, multiples of the tile_tokens
+// ops_cuda.cu gives plan_split (kThreads, asserted here).
+static_assert(kThreads % kWarpSize == 0, "split partitions are whole 32-token tiles");
+
+// The same dispatch onto the pipelined kernel with CUDA-core math.
 template <ScalarKind kScalar, CacheKind kCache>
 void launch_paged_attention_pipelined(const PagedAttentionParams& p, cudaStream_t stream) {
   using Scalar = typename ScalarOf<kScalar>::type;
-  using CacheT = typename CacheElement<Scalar, kCache>::type;
-  // NOTE: the kernel needs partitions of whole 32-token tiles: v2's kPartitionSize (checked in
-  // PipelineConfig) and the v1 / decode split's sizes, multiples of the tile_tokens ops_cuda.cu
-  // gives plan_split (kThreads, asserted below).
-  static_assert(kThreads % kWarpSize == 0, "split partitions are whole 32-token tiles");
   dispatch_attention_shape(p, [&](const dim3& grid, auto dims_per_lane, auto head_tile) {
-    constexpr int kDimsPerLane = decltype(dims_per_lane)::value;
-    constexpr int kHeadTile = decltype(head_tile)::value;
-    constexpr int kSmem =
-        PipelineConfig<CacheT, kDimsPerLane, kHeadTile, kWarpSize, kNumWarps>::kSmemBytes;
-    auto* kernel = paged_attention_pipelined_kernel<Scalar, kCache, kDimsPerLane, kHeadTile,
-                                                    kWarpSize, kNumWarps>;
-    if (kSmem > 48 * 1024 &&
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) !=
-            cudaSuccess)
-      return;
-    kernel<<<grid, kThreads, kSmem, stream>>>(p);
+    launch_pipelined_instance<Scalar, kCache, decltype(dims_per_lane)::value,
+                              decltype(head_tile)::value, false>(grid, p, stream);
   });
+}
+
+// The pipelined kernel with the GQA group on tensor cores where uses_tensor_cores() takes the
+// shape, else with CUDA-core math; true when the tensor-core kernel was launched.
+template <ScalarKind kScalar, CacheKind kCache>
+bool launch_paged_attention_mma(const PagedAttentionParams& p, cudaStream_t stream) {
+  using Scalar = typename ScalarOf<kScalar>::type;
+  bool on_tensor_cores = false;
+  dispatch_attention_shape(p, [&](const dim3& grid, auto dims_per_lane, auto head_tile) {
+    constexpr bool kMma = uses_tensor_cores(kScalar, decltype(head_tile)::value);
+    launch_pipelined_instance<Scalar, kCache, decltype(dims_per_lane)::value,
+                              decltype(head_tile)::value, kMma>(grid, p, stream);
+    on_tensor_cores = kMma;
+  });
+  return on_tensor_cores;
 }
 
 template <ScalarKind kScalar>

@@ -10,7 +10,7 @@
 //   - dtype: the (query dtype, cache kind) pairs of PAGED_ATTN_CUDA_PAIRS below; the build
 //     generates one .cu file per pair (csrc/cuda/generate_instantiations.py) so they compile in
 //     parallel.
-// Per arch: pairs x attention_kernels_per_pair() attention kernels (baseline and pipelined) + one
+// Per arch: attention_kernels_per_pair(dtype) per pair (baseline, pipelined, tensor-core) + one
 // reduce kernel per query dtype + two reshape_and_cache kernels per query dtype
 // (docs/cuda_resource_report.txt lists them; scripts/cuda_resource_report.sh checks the count
 // against these lists).
@@ -126,15 +126,22 @@ constexpr void dispatch_head_tile(int group, F&& f) {
   }
 }
 
-// The attention kernel families every (dtype, cache) pair instantiates, each over the same
-// dispatch: the baseline (attention_kernel.cuh) and the pipelined kernel
-// (attention_kernel_pipelined.cuh); attention_launch.cuh has one launcher per family.
-constexpr int kAttentionKernelFamilies = 2;
+// Whether a (query dtype, head tile) instantiation of the pipelined kernel runs the tile's heads
+// on tensor cores (gqa_mma.cuh): 16-bit queries (mma.sync takes 16-bit operands; fp32 would lose
+// precision as tf32) and tiles of 4 or 8 heads (GQA >= 3: below that the MMA's 8 head columns
+// are mostly empty and the FMAs are few). The "mma" kernel choice (kernel_choice.h) launches
+// these and the plain pipelined kernel for every other shape.
+constexpr bool uses_tensor_cores(ScalarKind scalar, int head_tile) {
+  return scalar != ScalarKind::kFloat32 && head_tile >= 4;
+}
 
-// The attention kernels one (dtype, cache) pair instantiates: per family, the distinct
-// (kDimsPerLane, kHeadTile) pairs the two dispatchers above reach, found by running them over
-// every listed head size and every GQA ratio up to 64 (ratios above 8 all take the tile of 8).
-constexpr int attention_kernels_per_pair() {
+// The attention kernels one (dtype, cache) pair instantiates: the baseline
+// (attention_kernel.cuh) and the pipelined kernel (attention_kernel_pipelined.cuh) for every
+// distinct (kDimsPerLane, kHeadTile) the two dispatchers above reach (found by running them over
+// every listed head size and every GQA ratio up to 64; ratios above 8 all take the tile of 8),
+// plus the tensor-core pipelined kernel for the head tiles uses_tensor_cores() takes.
+// attention_launch.cuh has one launcher per choice.
+constexpr int attention_kernels_per_pair(ScalarKind scalar) {
   constexpr int kMaxValue = 64;  // > any kDimsPerLane or kHeadTile
   bool dims_seen[kMaxValue] = {};
   bool tiles_seen[kMaxValue] = {};
@@ -142,12 +149,13 @@ constexpr int attention_kernels_per_pair() {
     dispatch_head_size(head_size, [&](auto dims) { dims_seen[decltype(dims)::value] = true; });
   for (int group = 1; group <= 64; ++group)
     dispatch_head_tile(group, [&](auto tile) { tiles_seen[decltype(tile)::value] = true; });
-  int dims = 0, tiles = 0;
+  int dims = 0, tiles = 0, mma_tiles = 0;
   for (int i = 0; i < kMaxValue; ++i) {
     dims += dims_seen[i];
     tiles += tiles_seen[i];
+    mma_tiles += tiles_seen[i] && uses_tensor_cores(scalar, i);
   }
-  return kAttentionKernelFamilies * dims * tiles;
+  return dims * (2 * tiles + mma_tiles);
 }
 
 }  // namespace cuda

@@ -14,10 +14,16 @@ namespace cuda {
 namespace {
 
 constexpr const char* kEnvVar = "PAGED_ATTN_CUDA_KERNEL";
-constexpr int kMinPipelinedMajor = 8;  // cp.async: sm_80
+constexpr int kMinPipelinedMajor = 8;  // cp.async, mma.sync with bf16: sm_80
 
 // The setting: -1 not read yet, else one of these.
-enum Setting : int { kAuto = 0, kForceBaseline = 1, kForcePipelined = 2, kInvalid = 3 };
+enum Setting : int {
+  kAuto = 0,
+  kForceBaseline = 1,
+  kForcePipelined = 2,
+  kForceMma = 3,
+  kInvalid = 4
+};
 std::atomic<int> g_setting{-1};
 std::string g_value;  // the raw value (set under g_mutex before g_setting is published)
 std::mutex g_mutex;
@@ -34,6 +40,7 @@ int read_setting_locked() {
   if (g_value.empty() || g_value == "auto") return kAuto;
   if (g_value == "baseline") return kForceBaseline;
   if (g_value == "pipelined") return kForcePipelined;
+  if (g_value == "mma") return kForceMma;
   return kInvalid;
 }
 
@@ -51,7 +58,8 @@ int setting() {
 
 std::string invalid_message() {
   return std::string(kEnvVar) + "='" + g_value +
-         "' is not a CUDA attention kernel: use baseline, pipelined, or auto (or leave it unset)";
+         "' is not a CUDA attention kernel: use baseline, pipelined, mma, or auto (or leave it "
+         "unset)";
 }
 
 int device_major(int device) {
@@ -66,7 +74,11 @@ int device_major(int device) {
 }  // namespace
 
 const char* attention_kernel_name(AttentionKernel kernel) {
-  return kernel == AttentionKernel::kPipelined ? "pipelined" : "baseline";
+  switch (kernel) {
+    case AttentionKernel::kPipelined: return "pipelined";
+    case AttentionKernel::kMma: return "mma";
+    default: return "baseline";
+  }
 }
 
 AttentionKernel choose_attention_kernel(int device, std::string* error) {
@@ -77,9 +89,11 @@ AttentionKernel choose_attention_kernel(int device, std::string* error) {
     return AttentionKernel::kBaseline;
   }
   const int major = device_major(device);
-  if (major >= kMinPipelinedMajor) return AttentionKernel::kPipelined;
-  if (s == kForcePipelined) {
-    *error = std::string(kEnvVar) + "=pipelined needs a GPU of sm_80 or newer (cp.async); cuda:" +
+  if (major >= kMinPipelinedMajor)
+    return s == kForcePipelined ? AttentionKernel::kPipelined : AttentionKernel::kMma;
+  if (s == kForcePipelined || s == kForceMma) {
+    *error = std::string(kEnvVar) + "=" + g_value +
+             " needs a GPU of sm_80 or newer (cp.async, mma.sync); cuda:" +
              std::to_string(device) + " is sm_" + std::to_string(major) + "x: use baseline";
   }
   return AttentionKernel::kBaseline;
@@ -89,8 +103,9 @@ std::string attention_kernel_setting() {
   switch (setting()) {
     case kForceBaseline: return std::string("baseline (") + kEnvVar + "=baseline)";
     case kForcePipelined: return std::string("pipelined (") + kEnvVar + "=pipelined)";
+    case kForceMma: return std::string("mma (") + kEnvVar + "=mma)";
     case kInvalid: return "error: " + invalid_message();
-    default: return "auto: pipelined on sm_80+, baseline below sm_80";
+    default: return "auto: mma on sm_80+, baseline below sm_80";
   }
 }
 

@@ -23,6 +23,12 @@ void launch_paged_attention(const PagedAttentionParams& p, cudaStream_t stream);
 template <ScalarKind kScalar, CacheKind kCache>
 void launch_paged_attention_pipelined(const PagedAttentionParams& p, cudaStream_t stream);
 
+// The pipelined kernel with the GQA group on tensor cores where dispatch.cuh's
+// uses_tensor_cores() takes the shape (16-bit query, GQA >= 3), else the same as
+// launch_paged_attention_pipelined; returns whether the tensor-core kernel was launched.
+template <ScalarKind kScalar, CacheKind kCache>
+bool launch_paged_attention_mma(const PagedAttentionParams& p, cudaStream_t stream);
+
 // Phase 2 of a split (p.partition_size > 0); grid (num_seqs, num_heads), writes p.out.
 template <ScalarKind kScalar>
 void launch_v2_reduce(const PagedAttentionParams& p, cudaStream_t stream);

@@ -145,14 +145,18 @@ void launch_attention(const PagedAttentionParams& p, cudaStream_t stream,
   std::string error;
   const cuda::AttentionKernel kernel = cuda::choose_attention_kernel(device, &error);
   TORCH_CHECK(error.empty(), "paged_attn: ", error);
-  cuda::count_attention_launch(kernel);
-  const bool pipelined = kernel == cuda::AttentionKernel::kPipelined;
-#define PAGED_ATTN_LAUNCH_PAIR(S, C)                                                      \
-  if (p.scalar_kind == ScalarKind::S && p.cache_kind == CacheKind::C) {                   \
-    if (pipelined)                                                                        \
-      return cuda::launch_paged_attention_pipelined<ScalarKind::S, CacheKind::C>(p,       \
-                                                                                 stream); \
-    return cuda::launch_paged_attention<ScalarKind::S, CacheKind::C>(p, stream);          \
+#define PAGED_ATTN_LAUNCH_PAIR(S, C)                                                           \
+  if (p.scalar_kind == ScalarKind::S && p.cache_kind == CacheKind::C) {                        \
+    cuda::AttentionKernel ran = kernel;                                                        \
+    if (kernel == cuda::AttentionKernel::kMma) {                                               \
+      if (!cuda::launch_paged_attention_mma<ScalarKind::S, CacheKind::C>(p, stream))           \
+        ran = cuda::AttentionKernel::kPipelined; /* a shape tensor cores do not take */        \
+    } else if (kernel == cuda::AttentionKernel::kPipelined) {                                  \
+      cuda::launch_paged_attention_pipelined<ScalarKind::S, CacheKind::C>(p, stream);          \
+    } else {                                                                                   \
+      cuda::launch_paged_attention<ScalarKind::S, CacheKind::C>(p, stream);                    \
+    }                                                                                          \
+    return cuda::count_attention_launch(ran);                                                  \
   }
   PAGED_ATTN_CUDA_PAIRS(PAGED_ATTN_LAUNCH_PAIR)
 #undef PAGED_ATTN_LAUNCH_PAIR

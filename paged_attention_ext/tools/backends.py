@@ -297,8 +297,10 @@ def _describe_build(build: dict) -> list:
         pairs = ", ".join(f"{dtype}/{cache}" for dtype, cache in build["cuda_attention_pairs"])
         lines.append(("CUDA attention", f"query dtype / kv_cache_dtype {pairs}; head sizes "
                       f"{', '.join(map(str, build['cuda_head_sizes']))}"))
+        package, _ = _import("paged_attention_ext")  # loaded: build came from its _C
+        kernels = "|".join(package._C.cuda_attention_launches())  # the names, from csrc
         lines.append(("CUDA attention kernel", f"{build['cuda_attention_kernel']}  "
-                      "[PAGED_ATTN_CUDA_KERNEL=baseline|pipelined forces one]"))
+                      f"[PAGED_ATTN_CUDA_KERNEL={kernels} forces one]"))
     return lines
 
 
