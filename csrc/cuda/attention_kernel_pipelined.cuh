@@ -603,8 +603,7 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
 #pragma unroll
             for (int c = 0; c < kX / 4; ++c) {
               const float4 qv = q4[c];
-              dot[g] += qv.x * k[4 * c] + qv.y * k[4 * c + 1] + qv.z * k[4 * c + 2] +
-                        qv.w * k[4 * c + 3];
+              dot[g] = fma4(qv, &k[4 * c], dot[g]);
             }
           }
         }
@@ -669,8 +668,7 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
             const float4 pr = p4[c];
 #pragma unroll
             for (int j = 0; j < kDimsPerLane; ++j)
-              acc[g][j] += pr.x * v[j][4 * c] + pr.y * v[j][4 * c + 1] +
-                           pr.z * v[j][4 * c + 2] + pr.w * v[j][4 * c + 3];
+              acc[g][j] = fma4(pr, &v[j][4 * c], acc[g][j]);
           }
         }
       }
