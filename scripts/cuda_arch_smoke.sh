@@ -9,8 +9,9 @@
 #                     (paged_attention_ext/tools/cuda_arch.py) that CI's main build (8.0;9.0) leaves out
 #        SMOKE_FILES  default "attention_bfloat16_auto.cu reshape_and_cache.cu" (names in
 #                     csrc/cuda or among the files generated from dispatch.cuh's pair list):
-#                     attention_bfloat16_auto.cu holds the attention kernels (baseline and
-#                     pipelined; the pipelined one's cp.async becomes plain copies on sm_75) AND
+#                     attention_bfloat16_auto.cu holds the attention kernels (baseline,
+#                     pipelined and its tensor-core form; the pipelined one's cp.async becomes
+#                     plain copies and its mma.sync a trap on sm_75, never launched there) AND
 #                     the v2 reduce kernel of one dtype (the first pair of each dtype instantiates
 #                     the reduce kernel; bf16: its conversions are emulated before sm_80, so sm_75
 #                     compiles other code than CI's main build); reshape_and_cache.cu holds every
@@ -32,15 +33,26 @@ TORCH_CUDA_ARCH_LIST="$ARCHS" ONLY="$FILES" bash "$ROOT/scripts/cuda_resource_re
 python3 - "$OUT" "$ARCHS" <<'PY'
 import sys
 out, archs = sys.argv[1:3]
-families = ("paged_attention_kernel", "paged_attention_pipelined_kernel",
-            "paged_attention_v2_reduce_kernel", "reshape_and_cache_kernel")
+def tensor_cores(name):  # the pipelined kernel's last template argument, kMma, is true
+    return name.rstrip().endswith(", true>") or "Lb1EE" in name  # demangled or mangled
+
+
+families = {
+    "paged_attention_kernel": lambda n: "paged_attention_kernel" in n,
+    "paged_attention_pipelined_kernel": lambda n: "paged_attention_pipelined_kernel" in n
+    and not tensor_cores(n),
+    "pipelined kernel on tensor cores": lambda n: "paged_attention_pipelined_kernel" in n
+    and tensor_cores(n),
+    "paged_attention_v2_reduce_kernel": lambda n: "paged_attention_v2_reduce_kernel" in n,
+    "reshape_and_cache_kernel": lambda n: "reshape_and_cache_kernel" in n,
+}
 rows = [line.split(None, 6) for line in open(out) if not line.startswith("#")][1:]
 missing = []
 for arch in archs.split(";"):
     sm = "sm_" + arch.replace("+PTX", "").replace(".", "")
     names = [r[6] for r in rows if r[0] == sm]
-    for family in families:
-        count = sum(1 for n in names if family in n)  # also when names are mangled
+    for family, member in families.items():
+        count = sum(1 for n in names if member(n))
         print(f"{sm:7} {family:34} {count:3d} kernels")
         if count == 0:
             missing.append(f"{family} for {sm}")
