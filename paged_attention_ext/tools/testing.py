@@ -15,8 +15,10 @@ make_decode_inputs gives the same inputs for decode, the caches NHD-ordered and 
 (a transposed view), combined K/V, or with padded strides (DECODE_LAYOUTS).
 """
 
+import contextlib
 import dataclasses
 import math
+import os
 from typing import List, NamedTuple, Optional, Union
 
 import torch
@@ -399,3 +401,34 @@ def call_decode(op_or_fn, inputs, out):
     """op_or_fn: torch.ops.paged_attn.decode, reference.decode or fallback.decode."""
     op_or_fn(out, *decode_args(inputs))
     return out
+
+
+# ---- the CUDA attention kernel a call runs (csrc/cuda/kernel_choice.h) ----
+
+CUDA_KERNEL_ENV = "PAGED_ATTN_CUDA_KERNEL"  # read once per process; reloaded below
+
+
+def cuda_attention_launches(reload=False):
+    """{kernel name: attention launches so far} (_C.cuda_attention_launches: its keys are the
+    CUDA attention kernels of this build); {} without a loaded extension or without CUDA kernels.
+    reload: the extension reads PAGED_ATTN_CUDA_KERNEL again first."""
+    import paged_attention_ext as package  # the package decides whether _C is loaded
+    if not package.extension_loaded():
+        return {}
+    return dict(package._C.cuda_attention_launches(reload))
+
+
+@contextlib.contextmanager
+def cuda_kernel_setting(value):
+    """PAGED_ATTN_CUDA_KERNEL=value, read again by the extension; the old setting afterwards."""
+    saved = os.environ.get(CUDA_KERNEL_ENV)
+    os.environ[CUDA_KERNEL_ENV] = value
+    cuda_attention_launches(reload=True)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(CUDA_KERNEL_ENV, None)
+        else:
+            os.environ[CUDA_KERNEL_ENV] = saved
+        cuda_attention_launches(reload=True)
