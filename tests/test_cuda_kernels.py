@@ -14,10 +14,8 @@ token-major layouts of testing.DECODE_LAYOUTS against reference.decode and again
 K/V in vLLM's layout; reshape_and_cache(_flash) are compared bit for bit.
 """
 
-import contextlib
 import dataclasses
 import math
-import os
 
 import pytest
 import torch
@@ -63,23 +61,8 @@ def ops():
 # The CUDA attention kernels (csrc/cuda/kernel_choice.h): the oracle comparisons, graph and
 # robustness tests run once per kernel, each forced with PAGED_ATTN_CUDA_KERNEL.
 KERNELS = ("baseline", "pipelined")
-KERNEL_ENV = "PAGED_ATTN_CUDA_KERNEL"
-
-
-@contextlib.contextmanager
-def _kernel_setting(value):
-    """PAGED_ATTN_CUDA_KERNEL=value, read again by the extension; the old setting afterwards."""
-    saved = os.environ.get(KERNEL_ENV)
-    os.environ[KERNEL_ENV] = value
-    paged_attention_ext._C.cuda_attention_launches(True)
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(KERNEL_ENV, None)
-        else:
-            os.environ[KERNEL_ENV] = saved
-        paged_attention_ext._C.cuda_attention_launches(True)
+KERNEL_ENV = testing.CUDA_KERNEL_ENV
+_kernel_setting = testing.cuda_kernel_setting  # PAGED_ATTN_CUDA_KERNEL=value, read again
 
 
 @pytest.fixture(params=KERNELS)
