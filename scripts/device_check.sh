@@ -4,26 +4,45 @@
 # Usage: scripts/device_check.sh [output dir]     (default: $OUT if set, else ./device-out)
 # Env:   PYTHON  a python with a CUDA torch (default: the repo's .venv if present, else python3)
 #        CHECK_BUDGET  seconds for the whole check (default 450)
+#        CHECK_STEPS   comma-separated steps to run (default build,tests,check,sanitizer,bench):
+#                      e.g. a second call on a machine that kept the first call's build can run
+#                      CHECK_STEPS=bench alone; a step left out is a "not selected" row
 #
 # Steps, each under its own time limit AND the whole script under one budget: CHECK_BUDGET
 # seconds (default 450, so the check ends within 8 minutes whatever hangs); a step gets
 # min(its limit, what is left), and a step with under 15 s left is not started (row "skipped").
+# The limits of steps 2-5 add up to 440 s, the default budget less the GPU probe and one
+# step's kill margin; the benchmarks (step 6) get only what steps 1-5 leave unused. So when time
+# runs out the benchmarks are cut first, in reverse order (the baseline kernel's, then fp8, ...),
+# then synccheck, racecheck, memcheck; a smaller CHECK_BUDGET cuts the last of steps 2-5 too.
 #   1. GPU present? (nvidia-smi and torch.cuda.is_available(); exits 3 at once if not)
 #   2. build the extension with all cores for this GPU's arch only (MAX_JOBS=16,
-#      TORCH_CUDA_ARCH_LIST from the device capability), ptxas resource report in the log
+#      TORCH_CUDA_ARCH_LIST from the device capability), ptxas resource report in the log (150 s)
 #   3. tests/test_cuda_kernels.py, tests/test_warp_reduce_host.py, tests/test_cuda_arch.py (the
 #      arch check's first call on each GPU), the CUDA cases of the fallback tests (CUDA-graph
-#      replay of the PyTorch implementation) and of tests/test_blocksparse.py
-#   4. python -m paged_attention_ext check (every backend on this machine vs the oracle)
-#   5. the benchmark, python -m paged_attention_ext bench --device cuda, on the regime presets
+#      replay of the PyTorch implementation) and of tests/test_blocksparse.py (140 s)
+#   4. python -m paged_attention_ext check (every backend on this machine vs the oracle) (20 s)
+#   5. compute-sanitizer on python -m paged_attention_ext.tools.sanitizer_cases (every CUDA
+#      kernel path once, small inputs, each result against the oracle, once per CUDA attention
+#      kernel): memcheck (--leak-check no; 50 s), racecheck on its --quick cases (40 s),
+#      synccheck (40 s); each exits non-zero on any finding (--error-exitcode 1) or mismatch.
+#      Run with PYTORCH_NO_CUDA_MEMORY_CACHING=1: every tensor its own cudaMalloc, so memcheck
+#      sees a read past a tensor's end (torch's caching allocator would hide it inside a pooled
+#      block). compute-sanitizer is looked for on PATH, then in $CUDA_HOME/bin and
+#      /usr/local/cuda/bin; without it the three rows say "SKIPPED (no compute-sanitizer)" and
+#      count as failed.
+#   6. the benchmark, python -m paged_attention_ext bench --device cuda, on the regime presets
 #      of docs/CUDA.md's performance model (big-batch, small-batch, gqa8, tp8-kv1, long), for
 #      --kv-layout vllm (v1, v2) and nhd (decode), then the fp8 cache (--kv-cache-dtype fp8) on
 #      big-batch and small-batch for both layouts: ours vs SDPA (flash) on contiguous K/V vs
 #      the PyTorch fallback vs the oracle, each checked against the oracle, GB/s and % of the
-#      read bandwidth measured in the same run; all with the default CUDA attention kernel (pipelined on
-#      sm_80+), then the baseline kernel (PAGED_ATTN_CUDA_KERNEL=baseline) on the same presets for
-#      both layouts, ours only (bench_*_baseline), to compare the two kernels
-#   (step 3 runs the kernel tests once per kernel: tests/test_cuda_kernels.py's kernel_ops)
+#      read bandwidth measured in the same run; all with the default CUDA attention kernel (mma on
+#      sm_80+: tensor cores for these bf16 GQA presets), then ours alone with
+#      PAGED_ATTN_CUDA_KERNEL=pipelined (CUDA-core math) and =baseline on the same presets
+#      (bench_*_pipelined, bench_*_baseline), to compare the kernels (45 s each, 30 s for the
+#      ours-only ones); in the order: vLLM layout (default, pipelined, baseline), NHD, fp8, then
+#      the NHD pipelined / baseline runs
+#   (step 3 runs the kernel tests once per kernel choice: tests/test_cuda_kernels.py's kernel_ops)
 # Writes <out>/<step>.log, <out>/bench_<layout>[_fp8].{md,json} and <out>/results.md (one row
 # per step) (the ptxas report is inside build.log).
 # No network is needed. Exit status: 0 when every step passed, else the number of failed steps
@@ -59,6 +78,15 @@ RESULTS="$OUT_DIR/results.md"
   echo "|---|---|---|---|"
 } > "$RESULTS"
 FAILED=0
+
+# selected STEP: whether CHECK_STEPS names the step (a "not selected" row when it does not)
+STEPS=",${CHECK_STEPS:-build,tests,check,sanitizer,bench},"
+selected() {
+  [[ "$STEPS" == *",$1,"* ]] && return 0
+  echo "== $1: not selected (CHECK_STEPS=${CHECK_STEPS:-})"
+  echo "| $1 | not selected | 0 | |" >> "$RESULTS"
+  return 1
+}
 
 # run_step NAME TIMEOUT_SECONDS COMMAND... : runs with a time limit (the step's, cut to what is
 # left of the budget), logs, adds a results row.
@@ -118,25 +146,66 @@ echo "| gpu | ok: $(head -n 1 "$OUT_DIR/gpu.log" | cut -c1-60), sm_${ARCH/./} | 
 # ---- 2. build for this GPU ----
 export MAX_JOBS=16 TORCH_CUDA_ARCH_LIST="$ARCH" PAGED_ATTN_BUILD_CUDA=1 PAGED_ATTN_PTXAS_VERBOSE=1
 if [[ -z "${CUDA_HOME:-}" && -d /usr/local/cuda ]]; then export CUDA_HOME=/usr/local/cuda; fi
-run_step build 200 "$PY" setup.py build_ext --inplace
-BUILD_RC=$?
-if [[ $BUILD_RC -ne 0 ]]; then
-  echo "device_check.sh: the build failed; see $OUT_DIR/build.log" >&2
-  exit "$FAILED"
+if selected build; then
+  run_step build 150 "$PY" setup.py build_ext --inplace
+  BUILD_RC=$?
+  if [[ $BUILD_RC -ne 0 ]]; then
+    echo "device_check.sh: the build failed; see $OUT_DIR/build.log" >&2
+    exit "$FAILED"
+  fi
+  echo "ptxas: $(grep -c 'Compiling entry' "$OUT_DIR/build.log") kernels compiled, $(grep -E 'spill' "$OUT_DIR/build.log" | grep -vc ' 0 bytes spill stores, 0 bytes spill loads') report lines with spills"
 fi
-echo "ptxas: $(grep -c 'Compiling entry' "$OUT_DIR/build.log") kernels compiled, $(grep -E 'spill' "$OUT_DIR/build.log" | grep -vc ' 0 bytes spill stores, 0 bytes spill loads') report lines with spills"
 
 # ---- 3. tests ----
 # --maxfail, not -x: a first run on a GPU should show every failing case, not only the first.
-# The kernel tests run once per CUDA attention kernel (baseline, pipelined): a longer limit.
-run_step tests_cuda 240 "$PY" -m pytest tests/test_cuda_kernels.py tests/test_warp_reduce_host.py \
-  tests/test_cuda_arch.py tests/test_fallback.py tests/test_blocksparse.py -k "cuda or graph or warp" \
-  -q --maxfail=30 -rs -p no:cacheprovider
+# The kernel tests run once per CUDA attention kernel choice (baseline, pipelined, mma): the
+# longest limit. The host test of the tensor-core math (gqa_mma.cuh) runs with them.
+if selected tests; then
+  run_step tests_cuda 140 "$PY" -m pytest tests/test_cuda_kernels.py tests/test_warp_reduce_host.py \
+    tests/test_gqa_mma_host.py tests/test_cuda_arch.py tests/test_fallback.py \
+    tests/test_blocksparse.py -k "cuda or graph or warp or mma" \
+    -q --maxfail=30 -rs -p no:cacheprovider
+fi
 
 # ---- 4. every backend on this machine against the oracle ----
-run_step check 40 "$PY" -m paged_attention_ext check
+if selected check; then
+  run_step check 20 "$PY" -m paged_attention_ext check
+fi
 
-# ---- 5. the benchmark (paged_attention_ext/tools/bench: one harness for CPU and CUDA) ----
+# ---- 5. compute-sanitizer on every kernel path (paged_attention_ext/tools/sanitizer_cases.py) ----
+# compute-sanitizer ships with the CUDA toolkit, next to nvcc.
+SANITIZER=""
+for candidate in "$(command -v compute-sanitizer 2>/dev/null)" \
+                 "${CUDA_HOME:+$CUDA_HOME/bin/compute-sanitizer}" \
+                 /usr/local/cuda/bin/compute-sanitizer; do
+  if [[ -n "$candidate" && -x "$candidate" ]]; then SANITIZER="$candidate"; break; fi
+done
+# sanitizer_step NAME LIMIT SANITIZER_OPTION... -- [PROGRAM_ARGUMENT...]: the program under
+# compute-sanitizer, every tensor its own cudaMalloc (PYTORCH_NO_CUDA_MEMORY_CACHING=1); exit 1
+# on any finding (and the program's own 1 on a mismatch: the log says which).
+sanitizer_step() {
+  local name="$1" limit="$2"
+  shift 2
+  local tool_args=()
+  while [[ $# -gt 0 && "$1" != "--" ]]; do tool_args+=("$1"); shift; done
+  [[ $# -gt 0 ]] && shift
+  if [[ -z "$SANITIZER" ]]; then
+    echo "== $name: SKIPPED, no compute-sanitizer (PATH, \$CUDA_HOME/bin, /usr/local/cuda/bin)"
+    echo "| $name | SKIPPED (no compute-sanitizer) | 0 | |" >> "$RESULTS"
+    FAILED=$((FAILED + 1))
+    return 1
+  fi
+  run_step "$name" "$limit" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
+    "$SANITIZER" --error-exitcode 1 "${tool_args[@]}" \
+    "$PY" -m paged_attention_ext.tools.sanitizer_cases "$@"
+}
+if selected sanitizer; then
+  sanitizer_step sanitizer_memcheck 50 --tool memcheck --leak-check no --
+  sanitizer_step sanitizer_racecheck 40 --tool racecheck -- --quick
+  sanitizer_step sanitizer_synccheck 40 --tool synccheck --
+fi
+
+# ---- 6. the benchmark (paged_attention_ext/tools/bench: one harness for CPU and CUDA) ----
 # bench_step NAME KV_LAYOUT CONTENDERS KV_CACHE_DTYPE PRESET...   (env KERNEL: the CUDA attention
 # kernel, PAGED_ATTN_CUDA_KERNEL, read once per process; default: the rule; env LIMIT: seconds)
 bench_step() {
@@ -152,13 +221,17 @@ bench_step() {
 REGIMES=(big-batch small-batch gqa8 tp8-kv1 long)
 VLLM_CONTENDERS=ours-v2,ours-v1,fallback,oracle,sdpa-dense
 NHD_CONTENDERS=ours-decode,fallback,oracle,sdpa-dense
-bench_step bench_vllm vllm "$VLLM_CONTENDERS" auto "${REGIMES[@]}"
-bench_step bench_nhd nhd "$NHD_CONTENDERS" auto "${REGIMES[@]}"
-bench_step bench_vllm_fp8 vllm "$VLLM_CONTENDERS" fp8 big-batch small-batch
-bench_step bench_nhd_fp8 nhd "$NHD_CONTENDERS" fp8 big-batch small-batch
-# the baseline kernel on the same presets, ours only (the other contenders do not change)
-KERNEL=baseline LIMIT=30 bench_step bench_vllm_baseline vllm ours-v2,ours-v1 auto "${REGIMES[@]}"
-KERNEL=baseline LIMIT=30 bench_step bench_nhd_baseline nhd ours-decode auto "${REGIMES[@]}"
+if selected bench; then
+  # the other kernel choices on the same presets, ours only (the other contenders do not change)
+  bench_step bench_vllm vllm "$VLLM_CONTENDERS" auto "${REGIMES[@]}"
+  KERNEL=pipelined LIMIT=30 bench_step bench_vllm_pipelined vllm ours-v2,ours-v1 auto "${REGIMES[@]}"
+  KERNEL=baseline LIMIT=30 bench_step bench_vllm_baseline vllm ours-v2,ours-v1 auto "${REGIMES[@]}"
+  bench_step bench_nhd nhd "$NHD_CONTENDERS" auto "${REGIMES[@]}"
+  bench_step bench_vllm_fp8 vllm "$VLLM_CONTENDERS" fp8 big-batch small-batch
+  bench_step bench_nhd_fp8 nhd "$NHD_CONTENDERS" fp8 big-batch small-batch
+  KERNEL=pipelined LIMIT=30 bench_step bench_nhd_pipelined nhd ours-decode auto "${REGIMES[@]}"
+  KERNEL=baseline LIMIT=30 bench_step bench_nhd_baseline nhd ours-decode auto "${REGIMES[@]}"
+fi
 
 echo
 cat "$RESULTS"

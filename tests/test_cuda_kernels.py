@@ -14,10 +14,8 @@ token-major layouts of testing.DECODE_LAYOUTS against reference.decode and again
 K/V in vLLM's layout; reshape_and_cache(_flash) are compared bit for bit.
 """
 
-import contextlib
 import dataclasses
 import math
-import os
 
 import pytest
 import torch
@@ -63,31 +61,10 @@ def ops():
 # The CUDA attention kernels (csrc/cuda/kernel_choice.h): the oracle comparisons, graph and
 # robustness tests run once per kernel, each forced with PAGED_ATTN_CUDA_KERNEL. "mma" runs the
 # pipelined kernel with the GQA group on tensor cores for 16-bit queries with GQA >= 3
-# (on_tensor_cores) and the plain pipelined kernel for other shapes.
+# (testing.on_tensor_cores) and the plain pipelined kernel for other shapes.
 KERNELS = ("baseline", "pipelined", "mma")
-KERNEL_ENV = "PAGED_ATTN_CUDA_KERNEL"
-
-
-def on_tensor_cores(dtype, num_heads, num_kv_heads):
-    """Whether the mma kernel choice runs a call on tensor cores: the documented rule
-    (docs/CUDA.md "Kernel choice"; dispatch.cuh uses_tensor_cores, head tiles of 4 or 8)."""
-    return dtype in (torch.float16, torch.bfloat16) and num_heads // num_kv_heads >= 3
-
-
-@contextlib.contextmanager
-def _kernel_setting(value):
-    """PAGED_ATTN_CUDA_KERNEL=value, read again by the extension; the old setting afterwards."""
-    saved = os.environ.get(KERNEL_ENV)
-    os.environ[KERNEL_ENV] = value
-    paged_attention_ext._C.cuda_attention_launches(True)
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(KERNEL_ENV, None)
-        else:
-            os.environ[KERNEL_ENV] = saved
-        paged_attention_ext._C.cuda_attention_launches(True)
+KERNEL_ENV = testing.CUDA_KERNEL_ENV
+_kernel_setting = testing.cuda_kernel_setting  # PAGED_ATTN_CUDA_KERNEL=value, read again
 
 
 @pytest.fixture(params=KERNELS)
@@ -102,14 +79,10 @@ def kernel_ops(request, ops):
         pytest.skip(f"the {name} kernel needs sm_80+ (cp.async, mma.sync); this GPU is sm_"
                     + "".join(map(str, torch.cuda.get_device_capability())))
     with _kernel_setting(name):
-        before = paged_attention_ext._C.cuda_attention_launches()
+        before = testing.cuda_attention_launches()
         yield ops
-        after = paged_attention_ext._C.cuda_attention_launches()
-    ran = {k: after[k] - before[k] for k in KERNELS}
-    allowed = {"mma", "pipelined"} if name == "mma" else {name}
-    assert sum(ran[k] for k in allowed) > 0 and all(
-        n == 0 for k, n in ran.items() if k not in allowed), (
-        f"{KERNEL_ENV}={name}, but the attention launches were {ran}")
+        after = testing.cuda_attention_launches()
+    testing.require_launches_of(name, before, after)
 
 
 def test_build_info_names_the_cuda_attention_kernel():
@@ -151,14 +124,14 @@ def test_default_kernel_follows_the_rule(ops):
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(8, 8), (4, 2), (6, 2), (8, 2), (16, 2)])
 def test_mma_choice_follows_the_rule(ops, dtype, num_heads, num_kv_heads):
-    """PAGED_ATTN_CUDA_KERNEL=mma: tensor cores exactly where on_tensor_cores says, the
+    """PAGED_ATTN_CUDA_KERNEL=mma: tensor cores exactly where testing.on_tensor_cores says, the
     pipelined kernel elsewhere."""
     if torch.cuda.get_device_capability() < (8, 0):
         pytest.skip("the mma kernel needs sm_80+")
     dtype = getattr(torch, dtype)
     inputs = make_attention_inputs(2, num_heads, num_kv_heads, 128, 16, [40, 600], dtype=dtype,
                                    device=DEV)
-    want = "mma" if on_tensor_cores(dtype, num_heads, num_kv_heads) else "pipelined"
+    want = "mma" if testing.on_tensor_cores(dtype, num_heads, num_kv_heads) else "pipelined"
     assert _launches_of_one_call(ops, "mma", inputs) == {k: int(k == want) for k in KERNELS}
 
 

@@ -15,8 +15,10 @@ make_decode_inputs gives the same inputs for decode, the caches NHD-ordered and 
 (a transposed view), combined K/V, or with padded strides (DECODE_LAYOUTS).
 """
 
+import contextlib
 import dataclasses
 import math
+import os
 from typing import List, NamedTuple, Optional, Union
 
 import torch
@@ -399,3 +401,57 @@ def call_decode(op_or_fn, inputs, out):
     """op_or_fn: torch.ops.paged_attn.decode, reference.decode or fallback.decode."""
     op_or_fn(out, *decode_args(inputs))
     return out
+
+
+# ---- the CUDA attention kernel a call runs (csrc/cuda/kernel_choice.h) ----
+
+CUDA_KERNEL_ENV = "PAGED_ATTN_CUDA_KERNEL"  # read once per process; reloaded below
+
+
+def cuda_attention_launches(reload=False):
+    """{kernel name: attention launches so far} (_C.cuda_attention_launches: its keys are the
+    CUDA attention kernels of this build); {} without a loaded extension or without CUDA kernels.
+    reload: the extension reads PAGED_ATTN_CUDA_KERNEL again first."""
+    import paged_attention_ext as package  # the package decides whether _C is loaded
+    if not package.extension_loaded():
+        return {}
+    return dict(package._C.cuda_attention_launches(reload))
+
+
+def on_tensor_cores(dtype, num_heads, num_kv_heads):
+    """Whether the "mma" kernel choice runs a call on tensor cores: 16-bit queries with a GQA
+    ratio >= 3 (docs/CUDA.md "The tensor-core path"; csrc/cuda/dispatch.cuh uses_tensor_cores
+    owns the rule, stated per head tile; the CUDA tests check that the two agree)."""
+    return dtype in (torch.float16, torch.bfloat16) and num_heads // num_kv_heads >= 3
+
+
+def require_launches_of(choice, before, after, tensor_cores_expected=False):
+    """AssertionError unless the attention launches between two readings of
+    cuda_attention_launches() are those of the kernel choice `choice` (a PAGED_ATTN_CUDA_KERNEL
+    value): that kernel and no other, except that "mma" launches the pipelined kernel for the
+    shapes tensor cores do not take (csrc/cuda/kernel_choice.h). tensor_cores_expected: the calls
+    included shapes tensor cores take, so "mma" must have launched its own kernel too."""
+    ran = {name: after[name] - before.get(name, 0) for name in after}
+    allowed = {choice, "pipelined"} if choice == "mma" else {choice}
+    ok = sum(ran.get(name, 0) for name in allowed) > 0 and not any(
+        n for name, n in ran.items() if name not in allowed)
+    if choice == "mma" and tensor_cores_expected:
+        ok = ok and ran.get("mma", 0) > 0
+    if not ok:
+        raise AssertionError(f"{CUDA_KERNEL_ENV}={choice}, but the attention launches were {ran}")
+
+
+@contextlib.contextmanager
+def cuda_kernel_setting(value):
+    """PAGED_ATTN_CUDA_KERNEL=value, read again by the extension; the old setting afterwards."""
+    saved = os.environ.get(CUDA_KERNEL_ENV)
+    os.environ[CUDA_KERNEL_ENV] = value
+    cuda_attention_launches(reload=True)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(CUDA_KERNEL_ENV, None)
+        else:
+            os.environ[CUDA_KERNEL_ENV] = saved
+        cuda_attention_launches(reload=True)
