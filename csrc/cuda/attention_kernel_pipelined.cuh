@@ -162,7 +162,8 @@ struct PipelineConfig {
            : conflict_free_row_bytes(kMaxDims * kElem, kLanesPerToken);
   static constexpr int kVRowBytes =  // vLLM V: one dim, read by one lane
       conflict_free_row_bytes(kTileTokens * kElem, 1);
-  static constexpr int kVTokenRowBytes = kMaxDims * kElem;                  // token-major V
+  static constexpr int kVTokenRowBytes =  // token-major V (tensor cores: the A fragment reads
+      kMma ? odd_units_row_bytes(kMaxDims * kElem) : kMaxDims * kElem;  // 4 rows at once)
   static constexpr int kKTileBytes = kTileTokens * kKRowBytes;
   static constexpr int kVTileBytes =
       max_int(kMaxDims * kVRowBytes, kTileTokens * kVTokenRowBytes);
