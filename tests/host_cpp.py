@@ -8,6 +8,7 @@ import subprocess
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.join(ROOT, "tests")
 
 
 def compiler():
@@ -19,16 +20,19 @@ def compiler():
     return None
 
 
-def build(tmp_dir, name, source, std="c++20", flags=("-O1", "-pthread")):
-    """Writes `source` to tmp_dir/name.cpp, compiles it against csrc/ and returns the executable's
-    path; skips (with the reason) where there is no compiler, fails with the compiler's errors."""
+def build(tmp_dir, name, source, std="c++20", flags=("-O1", "-pthread"), includes=()):
+    """Writes `source` to tmp_dir/name.cpp, compiles it against csrc/ (and `includes`) and returns
+    the executable's path; skips (with the reason) where there is no compiler, fails with the
+    compiler's errors."""
     cxx = compiler()
     if cxx is None:
         pytest.skip("no C++ compiler (g++) on PATH")
     src, exe = os.path.join(str(tmp_dir), name + ".cpp"), os.path.join(str(tmp_dir), name)
     with open(src, "w") as f:
         f.write(source)
-    result = subprocess.run([cxx, f"-std={std}", *flags, "-I", os.path.join(ROOT, "csrc"), src,
-                             "-o", exe], capture_output=True, text=True, timeout=300)
+    include_flags = [flag for path in (os.path.join(ROOT, "csrc"), *includes)
+                     for flag in ("-I", path)]
+    result = subprocess.run([cxx, f"-std={std}", *flags, *include_flags, src, "-o", exe],
+                            capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     return exe

@@ -3,9 +3,10 @@
 The pipelined CUDA kernel runs QK, the online softmax and P.V of a GQA group through
 GqaMmaWarp, whose lane operations (mma.sync, shuffles, 16-bit packing) are an injected policy.
 Here a C++ program runs that same header in 32 threads with a policy whose MMA follows the PTX
-ISA's fragment layouts for mma.m16n8k16 / mma.m16n8k8 (16-bit A and B, fp32 accumulate): every
-lane publishes its fragments, the full matrices are rebuilt from them by the documented
-(row, col) of each element, and each lane takes its own accumulator elements. So the test proves
+ISA's fragment layouts for mma.m16n8k16 / mma.m16n8k8 (16-bit A and B, fp32 accumulate;
+tests/cuda_sim/mma_layout.h): every lane publishes its fragments, the full matrices are rebuilt
+from them by the documented (row, col) of each element, and each lane takes its own accumulator
+elements. So the test proves
 that the header's fragment indexing agrees with the documented layouts (which elements of K, V,
 Q and P each lane feeds in) and that its softmax bookkeeping is right; what it cannot prove is
 that the GPU's mma.sync matches the documentation (tests/test_cuda_kernels.py does, on a GPU).
@@ -35,6 +36,7 @@ HOST_PROGRAM = textwrap.dedent(r"""
     #include <vector>
 
     #include "cuda/gqa_mma.cuh"
+    #include "cuda_sim/mma_layout.h"
 
     using namespace paged_attn;
 
@@ -73,8 +75,7 @@ HOST_PROGRAM = textwrap.dedent(r"""
     // What the 32 lanes publish for an exchange.
     struct Board {
       std::barrier<> bar{32};
-      uint32_t a[32][4];
-      uint32_t b[32][2];
+      uint32_t a16[32][4], b16[32][2], a8[32][2], b8[32][1];
       float value[32];
     };
 
@@ -82,10 +83,6 @@ HOST_PROGRAM = textwrap.dedent(r"""
     struct SimulatedMmaOps {
       Board* board;
       int lane;
-
-      static float lo(uint32_t r) { return Codec::to(static_cast<uint16_t>(r & 0xffffu)); }
-      static float hi(uint32_t r) { return Codec::to(static_cast<uint16_t>(r >> 16)); }
-      static float half(uint32_t r, int i) { return i == 0 ? lo(r) : hi(r); }
 
       uint32_t pack(float l, float h) const {
         return Codec::from(l) | (static_cast<uint32_t>(Codec::from(h)) << 16);
@@ -100,53 +97,20 @@ HOST_PROGRAM = textwrap.dedent(r"""
       float shfl_xor(float v, int mask) const { return exchange(v, lane ^ mask); }
       float shfl(float v, int src) const { return exchange(v, src); }
 
-      // C / D element i of lane l: (row, col)
-      static int c_row(int l, int i) { return l / 4 + 8 * (i / 2); }
-      static int c_col(int l, int i) { return 2 * (l % 4) + i % 2; }
-
+      // every lane publishes its fragments; each computes its own C by the documented layouts
       void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2]) const {
-        for (int r = 0; r < 4; ++r) board->a[lane][r] = a[r];
-        for (int r = 0; r < 2; ++r) board->b[lane][r] = b[r];
+        std::memcpy(board->a16[lane], a, 16);
+        std::memcpy(board->b16[lane], b, 8);
         board->bar.arrive_and_wait();
-        float A[16][16], B[16][8];
-        for (int l = 0; l < 32; ++l) {
-          const int g = l / 4, t = l % 4;
-          for (int i = 0; i < 8; ++i) {  // A element a_i: register i / 2, half i % 2
-            const int row = (i < 2 || (i >= 4 && i < 6)) ? g : g + 8;
-            const int col = 2 * t + (i & 1) + (i >= 4 ? 8 : 0);
-            A[row][col] = half(board->a[l][i / 2], i % 2);
-          }
-          for (int i = 0; i < 4; ++i) {  // B element b_i
-            const int row = 2 * t + (i & 1) + (i >= 2 ? 8 : 0);
-            B[row][g] = half(board->b[l][i / 2], i % 2);
-          }
-        }
+        mma_layout::mma<16>(board->a16, board->b16, lane, c, Codec::to);
         board->bar.arrive_and_wait();
-        for (int i = 0; i < 4; ++i) {
-          double sum = c[i];
-          for (int k = 0; k < 16; ++k)
-            sum += static_cast<double>(A[c_row(lane, i)][k]) * B[k][c_col(lane, i)];
-          c[i] = static_cast<float>(sum);
-        }
       }
-
       void mma1688(float c[4], const uint32_t a[2], uint32_t b) const {
-        for (int r = 0; r < 2; ++r) board->a[lane][r] = a[r];
-        board->b[lane][0] = b;
+        std::memcpy(board->a8[lane], a, 8);
+        board->b8[lane][0] = b;
         board->bar.arrive_and_wait();
-        float A[16][8], B[8][8];
-        for (int l = 0; l < 32; ++l) {
-          const int g = l / 4, t = l % 4;
-          for (int i = 0; i < 4; ++i) A[g + (i >= 2 ? 8 : 0)][2 * t + (i & 1)] = half(board->a[l][i / 2], i % 2);
-          for (int i = 0; i < 2; ++i) B[2 * t + i][g] = half(board->b[l][0], i);
-        }
+        mma_layout::mma<8>(board->a8, board->b8, lane, c, Codec::to);
         board->bar.arrive_and_wait();
-        for (int i = 0; i < 4; ++i) {
-          double sum = c[i];
-          for (int k = 0; k < 8; ++k)
-            sum += static_cast<double>(A[c_row(lane, i)][k]) * B[k][c_col(lane, i)];
-          c[i] = static_cast<float>(sum);
-        }
       }
     };
 
@@ -308,7 +272,7 @@ CASES = ("bf16 D=128 maxD=128 tile=8 heads=8", "fp16 D=120 maxD=128 tile=8 heads
 
 
 def test_gqa_mma_matches_float64_attention(tmp_path):
-    exe = host_cpp.build(tmp_path, "gqa_mma_host", HOST_PROGRAM)
+    exe = host_cpp.build(tmp_path, "gqa_mma_host", HOST_PROGRAM, includes=(host_cpp.TESTS,))
     run = subprocess.run([exe], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and "OK" in run.stdout, run.stdout + run.stderr
     for case in CASES:
