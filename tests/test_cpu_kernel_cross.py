@@ -128,14 +128,14 @@ def write_case(path, name, inp):
         f.write(f32(want))
 
 
-def write_cases(folder):
-    """Writes every case of CASES to folder/<name>.case; returns their number."""
+def write_cases(folder, cases=CASES):
+    """Writes every case of `cases` (CASES' form) to folder/<name>.case; returns their number."""
     assert sys.byteorder == "little"
     os.makedirs(folder, exist_ok=True)
     for old in os.listdir(folder):
         if old.endswith(".case"):
             os.remove(os.path.join(folder, old))
-    for i, c in enumerate(CASES):
+    for i, c in enumerate(cases):
         dtype, kv, nh, nkv, d, bs, lens, alibi, layout = c
         if layout in testing.DECODE_LAYOUTS:
             inp = testing.make_decode_inputs(len(lens), nh, nkv, d, bs, lens, layout=layout,
@@ -148,7 +148,7 @@ def write_cases(folder):
                 inp = testing.with_strided_caches(inp, layout)
         name = case_name(i, c)
         write_case(os.path.join(folder, name + ".case"), name, inp)
-    return len(CASES)
+    return len(cases)
 
 
 # ---- the tests: scripts/cross_test.sh builds the driver and runs it on the cases ----

@@ -82,6 +82,12 @@
 namespace paged_attn {
 namespace cuda {
 
+// The kernel's dynamic shared memory, 16-byte aligned (tests/cuda_sim, the host simulation of the
+// kernels, defines its own).
+#ifndef PAGED_ATTN_DYNAMIC_SHARED_MEMORY
+#define PAGED_ATTN_DYNAMIC_SHARED_MEMORY(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
+
 // ---- cp.async (sm_80+), with a synchronous equivalent below sm_80 ----
 
 // Copies 16 bytes from global `src` to shared `dst` (both 16-byte aligned); only the first
@@ -239,6 +245,8 @@ struct CudaMmaOps {
           : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
           : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
     }
+#elif defined(PAGED_ATTN_CUDA_HOST_SIM)  // tests/cuda_sim: the documented fragment layouts
+    cuda_sim::mma<16>(kBf16, c, a, b);
 #else
     __trap();  // never launched below sm_80 (kernel_choice.h)
 #endif
@@ -256,6 +264,8 @@ struct CudaMmaOps {
           : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
           : "r"(a[0]), "r"(a[1]), "r"(b));
     }
+#elif defined(PAGED_ATTN_CUDA_HOST_SIM)
+    cuda_sim::mma<8>(kBf16, c, a, &b);
 #else
     __trap();
 #endif
@@ -318,7 +328,7 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
   constexpr int kVBytes = kVVec * kElem;                              // 16 or 8 bytes
   static_assert(kX % 4 == 0 && kVVec % 4 == 0 && kTile % kVVec == 0, "vector widths");
 
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  PAGED_ATTN_DYNAMIC_SHARED_MEMORY(smem_raw);
   float(*smem_q)[kMaxDims] = reinterpret_cast<float(*)[kMaxDims]>(smem_raw + Cfg::kQOffset);
   float(*smem_probs)[kHeadTile][kTile] =
       reinterpret_cast<float(*)[kHeadTile][kTile]>(smem_raw + Cfg::kProbOffset);

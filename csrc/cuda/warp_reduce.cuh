@@ -68,7 +68,7 @@ PA_HOST_DEVICE T butterfly_allreduce(T value, Op op, const Shuffle& shuffle) {
   return value;
 }
 
-#if defined(__CUDACC__)
+#if defined(__CUDACC__) || defined(PAGED_ATTN_CUDA_HOST_SIM)  // the latter: tests/cuda_sim
 // ---------------------------------------------------------------------------------------------
 // The device shuffle policy: __shfl_xor_sync over the full warp, field by field for the structs.
 // NOTE: all kWarpSize lanes must call it together (full mask).
@@ -119,6 +119,6 @@ __device__ __forceinline__ T block_allreduce(T value, Op op, T* smem) {
   __syncthreads();
   return result;
 }
-#endif  // __CUDACC__
+#endif  // __CUDACC__ || PAGED_ATTN_CUDA_HOST_SIM
 
 }  // namespace paged_attn

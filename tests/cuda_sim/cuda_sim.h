@@ -1,0 +1,270 @@
+// cuda_sim.h — just enough of CUDA to run the project's kernels (csrc/cuda/*.cuh) on the host, for
+// tests/test_cuda_host_sim.py: every thread of a block is a fiber (ucontext) on one OS thread,
+// scheduled round-robin; a barrier (__syncthreads, __syncwarp, every shuffle) parks a fiber until
+// its whole block / warp has arrived. Blocks run one after the other. Deterministic.
+//
+// What it proves: the kernels' indexing, their per-lane / per-warp / per-block logic and the
+// order of their barriers (a barrier some threads skip deadlocks here and is reported). What it
+// does not: anything about the hardware: cp.async is the kernels' own synchronous fallback (no
+// in-flight copies, so a missing wait cannot show), memory is sequentially consistent, mma.sync
+// is mma_layout.h's reading of the PTX ISA, timing is meaningless.
+//
+// Include this before any kernel header, with PAGED_ATTN_CUDA_HOST_SIM defined (the kernels'
+// two hooks: dynamic shared memory and mma.sync).
+#pragma once
+
+#include <setjmp.h>
+#include <ucontext.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <vector_types.h>
+
+#include "mma_layout.h"
+
+// ---- CUDA keywords and intrinsics as host C++ (after the CUDA headers, which define some) ----
+#undef __global__
+#undef __device__
+#undef __host__
+#undef __forceinline__
+#undef __launch_bounds__
+#undef __shared__
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static  // blocks run one at a time: one object per kernel instantiation
+
+namespace cuda_sim {
+
+// A fiber starts on its own stack through makecontext / swapcontext (once); after that the
+// switches are _setjmp / _longjmp, which save no signal mask (swapcontext makes two system calls
+// per switch, which dominated the run time).
+struct Fiber {
+  ucontext_t context;
+  jmp_buf resume;
+  bool started = false;
+  bool done = false;
+  uint64_t waiting_for = 0;  // the barrier generation this fiber waits to pass; 0: runnable
+  int barrier = -1;          // the barrier it waits at (0..warps-1: its warp, warps: the block)
+};
+
+struct Block {
+  std::vector<Fiber> fibers;
+  int threads = 0, warps = 0;
+  std::vector<int> arrived;         // per barrier: fibers arrived in this generation
+  std::vector<uint64_t> generation; // per barrier: passed generations + 1
+  std::vector<uint64_t> slots;      // per thread: the value published for an exchange
+  std::vector<unsigned char> dynamic_smem;
+  ucontext_t scheduler;
+  jmp_buf scheduler_resume;
+  int current = 0;
+};
+
+inline Block*& block() {
+  static Block* b = nullptr;
+  return b;
+}
+
+}  // namespace cuda_sim
+
+// the CUDA built-in variables, per fiber: set by the scheduler before it resumes a fiber
+inline dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+namespace cuda_sim {
+
+constexpr int kWarp = 32;
+
+inline int thread_rank() { return block()->current; }
+
+// Parks the current fiber at barrier `id` until `members` fibers arrived there.
+inline void barrier(int id, int members) {
+  Block& b = *block();
+  Fiber& me = b.fibers[b.current];
+  const uint64_t gen = b.generation[id];
+  if (++b.arrived[id] == members) {  // the last one releases everyone
+    b.arrived[id] = 0;
+    ++b.generation[id];
+    return;
+  }
+  me.waiting_for = gen + 1;
+  me.barrier = id;
+  if (_setjmp(me.resume) == 0) _longjmp(b.scheduler_resume, 1);  // back here once released
+}
+
+inline void sync_warp() { barrier(thread_rank() / kWarp, kWarp); }
+inline void sync_block() { barrier(block()->warps, block()->threads); }
+
+template <typename T>
+T exchange(T mine, int src_thread) {
+  static_assert(sizeof(T) <= 8, "shuffles move up to 8 bytes");
+  Block& b = *block();
+  uint64_t slot = 0;
+  std::memcpy(&slot, &mine, sizeof(T));
+  b.slots[thread_rank()] = slot;
+  sync_warp();
+  T other;
+  std::memcpy(&other, &b.slots[src_thread], sizeof(T));
+  sync_warp();
+  return other;
+}
+
+[[noreturn]] inline void fail(const char* what) {
+  std::fprintf(stderr, "cuda_sim: %s (block %u,%u,%u thread %u)\n", what, blockIdx.x, blockIdx.y,
+               blockIdx.z, threadIdx.x);
+  std::exit(3);
+}
+
+// Runs kernel() for every block of `grid` with `threads` threads each (1-D blocks), `smem`
+// bytes of dynamic shared memory (NaN-filled bytes: 0xff, so a read of what no thread wrote
+// shows). Exits with a message on a deadlock (fibers waiting at barriers none can release).
+inline void launch(dim3 grid, int threads, size_t smem, const std::function<void()>& kernel) {
+  constexpr size_t kStack = 256 * 1024;
+  static std::vector<std::unique_ptr<char[]>> stacks;  // reused by every block: touched once
+  while (stacks.size() < static_cast<size_t>(threads)) stacks.emplace_back(new char[kStack]);
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        Block b;
+        b.threads = threads;
+        b.warps = (threads + kWarp - 1) / kWarp;
+        b.fibers.resize(threads);
+        b.arrived.assign(b.warps + 1, 0);
+        b.generation.assign(b.warps + 1, 1);
+        b.slots.assign(threads, 0);
+        b.dynamic_smem.assign(smem, 0xff);
+        block() = &b;
+        static const std::function<void()>* body = nullptr;
+        body = &kernel;
+        for (int t = 0; t < threads; ++t) {
+          Fiber& f = b.fibers[t];
+          getcontext(&f.context);
+          f.context.uc_stack.ss_sp = stacks[t].get();
+          f.context.uc_stack.ss_size = kStack;
+          f.context.uc_link = &b.scheduler;
+          makecontext(&f.context, reinterpret_cast<void (*)()>(+[] {
+                        (*body)();
+                        Block& blk = *block();
+                        blk.fibers[blk.current].done = true;
+                        _longjmp(blk.scheduler_resume, 1);  // never returns
+                      }), 0);
+        }
+        blockIdx = dim3(x, y, z);
+        blockDim = dim3(threads, 1, 1);
+        gridDim = grid;
+        for (;;) {
+          bool all_done = true, progressed = false;
+          for (int t = 0; t < threads; ++t) {
+            Fiber& f = b.fibers[t];
+            if (f.done) continue;
+            all_done = false;
+            if (f.waiting_for != 0 && b.generation[f.barrier] < f.waiting_for) continue;
+            f.waiting_for = 0;
+            b.current = t;
+            threadIdx = dim3(t, 0, 0);
+            progressed = true;
+            if (_setjmp(b.scheduler_resume) == 0) {
+              if (!f.started) {
+                f.started = true;
+                swapcontext(&b.scheduler, &f.context);
+              } else {
+                _longjmp(f.resume, 1);
+              }
+            }
+          }
+          if (all_done) break;
+          if (!progressed) fail("deadlock: every live thread waits at a barrier");
+        }
+        block() = nullptr;
+      }
+}
+
+inline unsigned char* dynamic_shared_memory() { return block()->dynamic_smem.data(); }
+
+// mma.sync on the host: every lane publishes its fragments, then computes its own accumulator
+// elements from all of them by the documented layouts (mma_layout.h).
+inline float decode_bf16(uint16_t bits) {
+  const uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline float decode_f16(uint16_t bits) {
+  __half_raw raw;
+  raw.x = bits;
+  return __half2float(__half(raw));
+}
+
+template <int kK>
+void mma(bool bf16, float c[4], const uint32_t* a, const uint32_t* b) {
+  static uint32_t all_a[kWarp * 4][kK / 4], all_b[kWarp * 4][kK / 8];  // per thread of the block
+  const int rank = thread_rank(), lane = rank % kWarp, warp0 = rank - lane;
+  std::memcpy(all_a[rank], a, sizeof(all_a[0]));
+  std::memcpy(all_b[rank], b, sizeof(all_b[0]));
+  sync_warp();
+  mma_layout::mma<kK>(all_a + warp0, all_b + warp0, lane, c, bf16 ? decode_bf16 : decode_f16);
+  sync_warp();
+}
+
+}  // namespace cuda_sim
+
+inline void __syncthreads() { cuda_sim::sync_block(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { cuda_sim::sync_warp(); }
+inline int __syncthreads_or(int predicate) {
+  cuda_sim::Block& b = *cuda_sim::block();
+  b.slots[cuda_sim::thread_rank()] = predicate != 0;
+  cuda_sim::sync_block();
+  int any = 0;
+  for (int t = 0; t < b.threads; ++t) any |= static_cast<int>(b.slots[t]);
+  cuda_sim::sync_block();
+  return any;
+}
+template <typename T>
+T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32) {
+  if (mask != 0xffffffffu) cuda_sim::fail("partial shuffle masks are not simulated");
+  const int rank = cuda_sim::thread_rank(), lane = rank % 32;
+  return cuda_sim::exchange(v, rank - lane + (lane / width) * width + src_lane % width);
+}
+template <typename T>
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+  if (mask != 0xffffffffu) cuda_sim::fail("partial shuffle masks are not simulated");
+  const int rank = cuda_sim::thread_rank(), lane = rank % 32;
+  const int src = lane ^ lane_mask;
+  return cuda_sim::exchange(v, rank - lane + ((src / width == lane / width) ? src : lane));
+}
+[[noreturn]] inline void __trap() { cuda_sim::fail("__trap()"); }
+// the device library's overloads the kernels call unqualified
+using std::isnan;
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline int64_t min(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int64_t max(int64_t a, int64_t b) { return a > b ? a : b; }
+inline float __uint_as_float(unsigned u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline float __int_as_float(int i) {
+  float f;
+  std::memcpy(&f, &i, 4);
+  return f;
+}
+inline unsigned __float_as_uint(float f) {
+  unsigned u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+#define PAGED_ATTN_DYNAMIC_SHARED_MEMORY(name) \
+  unsigned char* const name = cuda_sim::dynamic_shared_memory()

@@ -1,0 +1,116 @@
+"""The CUDA attention kernels (csrc/cuda), run on the host in a simulation of the GPU, against the
+oracle: the only place they run where no GPU is.
+
+tests/cuda_sim/driver.cpp compiles the kernels' own source with the host compiler on top of
+tests/cuda_sim/cuda_sim.h (every thread of a block a fiber, barriers and shuffles simulated,
+mma.sync computed from the PTX ISA's fragment layouts) and launches them as ops_cuda.cu does:
+v2 (phase 1 over 512-token partitions, then the reduce kernel), v1 / decode in one pass, and the
+v1 / decode split of core/split_plan.h (sized for a 4-SM GPU so rows get split), for each kernel
+choice (baseline, pipelined, mma), on case files written by tests/test_cpu_kernel_cross.py's
+writer (the oracle's expected output; shuffled block tables with garbage past each row, NaN in
+every cache slot no sequence uses, fp8 scales != 1, outputs and scratch pre-filled with NaN).
+
+What a pass shows: the kernels' indexing, per-lane / per-warp / per-block logic, barrier order
+(a barrier some threads skip deadlocks and fails), the split and reduce, and the tensor-core
+path's use of the fragments, on these shapes. What it cannot: the hardware (cp.async runs as the
+kernels' synchronous fallback, so a missing wait cannot show; memory is sequentially consistent;
+mma.sync is the documentation's reading), speed, and the shapes outside kSimDims / kSimTiles of
+the driver (head sizes 64-128, head tiles 1, 4, 8). tests/test_cuda_kernels.py does those on a
+GPU.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+import host_cpp
+import test_cpu_kernel_cross as cross
+from paged_attention_ext.tools import testing
+
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+# (dtype, kv_cache_dtype, num_heads, num_kv_heads, head_size, block_size, seq_lens, alibi, layout)
+# head sizes 64-128 (the driver's compiled shapes), every GQA tile, both cache forms
+CASES = [
+    (F32, "auto", 8, 8, 128, 16, [1, 511, 512, 513, 0, 1537], False, None),  # MHA, odd lengths
+    (BF16, "auto", 32, 8, 128, 16, [1537, 77, 0, 513], True, None),  # GQA 4, ALiBi
+    (F16, "auto", 12, 4, 64, 8, [513, 1, 1537], False, None),  # GQA 3: a tile of 4, one idle
+    (BF16, "auto", 24, 2, 64, 32, [700, 0, 33], True, None),  # GQA 12: passes of 8 and 4
+    (F16, "auto", 16, 1, 128, 16, [1025, 9], False, None),  # MQA 16
+    (BF16, "auto", 16, 2, 96, 12, [97, 300], False, None),  # block size 12: per-token V path
+    (F16, "auto", 8, 1, 80, 1, [5, 40], True, None),  # block size 1, head 80
+    (BF16, "auto", 8, 2, 120, 16, [600, 3], False, None),  # head 120: a partial 16-dim slice
+    (F16, "fp8_e4m3", 8, 1, 128, 16, [1, 512, 1537], False, None),  # fp8, GQA 8
+    (BF16, "fp8_e5m2", 12, 4, 112, 5, [513, 77], True, None),  # e5m2, block size 5, GQA 3
+    (F32, "fp8", 8, 2, 64, 16, [300, 1025], True, None),  # fp32 query, fp8 cache
+    (F16, "auto", 4, 1, 128, 16, [0, 0], False, None),  # every row empty: zeros
+    (F32, "auto", 8, 2, 64, 16, [1, 600, 1025], False, "head_padding"),  # outer strides
+    (BF16, "fp8_e4m3", 8, 2, 64, 16, [1, 600, 1025], False, "blocks_interleaved"),
+    # token-major caches (decode)
+    (BF16, "auto", 16, 2, 128, 16, [1537, 1, 600], False, "nhd"),  # GQA 8
+    (F16, "auto", 8, 2, 120, 16, [700, 33], True, "hnd"),  # head 120, ALiBi
+    (BF16, "fp8_e4m3", 8, 1, 80, 5, [511, 1030], False, "combined"),  # fp8, block size 5
+    (F16, "auto", 12, 4, 64, 7, [513, 5], False, "mixed"),  # K != V strides, block size 7
+    (BF16, "auto", 8, 2, 96, 16, [1, 600], False, "combined_hnd"),
+    (F32, "auto", 8, 2, 64, 1, [300, 77], True, "padded"),  # 16-byte-unaligned token rows
+]
+KERNELS = ("baseline", "pipelined", "mma")  # the kernel choices (csrc/cuda/kernel_choice.h)
+MODES = ("v2", "v1", "split")
+LINE = re.compile(r"^(ok  |FAIL|SKIP) (\S+) \[(\w+) (\w+)\](.*)$", re.M)
+
+
+def _cuda_include_dir():
+    """A folder holding the CUDA toolkit's headers (cuda_fp16.h), or None."""
+    nvcc = shutil.which("nvcc")
+    candidates = [os.path.join(os.environ.get("CUDA_HOME", ""), "include"),
+                  "/usr/local/cuda/include"]
+    if nvcc:
+        candidates.append(os.path.join(os.path.dirname(os.path.dirname(nvcc)), "include"))
+    return next((d for d in candidates if os.path.isfile(os.path.join(d, "cuda_fp16.h"))), None)
+
+
+@pytest.fixture(scope="module")
+def sim_run(tmp_path_factory):
+    """{(case, kernel, mode): (status, note)} of one driver run over CASES and KERNELS."""
+    cuda_include = _cuda_include_dir()
+    if cuda_include is None:
+        pytest.skip("no CUDA toolkit headers (cuda_fp16.h) in $CUDA_HOME/include, "
+                    "/usr/local/cuda/include or next to nvcc: the kernels need them to compile")
+    tmp = tmp_path_factory.mktemp("cuda_sim")
+    source = open(os.path.join(host_cpp.TESTS, "cuda_sim", "driver.cpp")).read()
+    exe = host_cpp.build(tmp, "driver", source,
+                         flags=("-O1", "-U_FORTIFY_SOURCE", "-DPAGED_ATTN_CUDA_HOST_SIM"),
+                         includes=(host_cpp.TESTS, os.path.join(host_cpp.TESTS, "cuda_sim"),
+                                   cuda_include))
+    cases = tmp / "cases"
+    cross.write_cases(str(cases), CASES)
+    run = subprocess.run([exe, str(cases), *KERNELS], capture_output=True, text=True, timeout=900)
+    print(run.stdout[-20000:], run.stderr[-4000:])  # shown on failure
+    assert run.returncode in (0, 1), f"simulation error (rc {run.returncode}): {run.stderr}"
+    return {(m[2], m[3], m[4]): (m[1].strip(), m[5].strip()) for m in LINE.finditer(run.stdout)}
+
+
+def test_every_kernel_matches_the_oracle_in_simulation(sim_run):
+    names = [cross.case_name(i, c) for i, c in enumerate(CASES)]
+    missing = [(n, k, m) for n in names for k in KERNELS for m in MODES
+               if (n, k, m) not in sim_run]
+    assert not missing, f"no result for {missing[:5]}"
+    failed = {key: note for key, (status, note) in sim_run.items() if status == "FAIL"}
+    assert not failed, "\n".join(f"{k}: {v}" for k, v in failed.items())
+
+
+def test_the_split_and_the_tensor_cores_were_exercised(sim_run):
+    """The split mode ran (the plan split) for most cases, and the mma choice ran the
+    tensor-core kernel exactly where testing.on_tensor_cores says."""
+    split = [key for key, (status, _) in sim_run.items() if key[2] == "split" and status == "ok"]
+    assert len(split) >= len(KERNELS) * len(CASES) // 2, split
+    for i, c in enumerate(CASES):
+        dtype, _, nh, nkv = c[:4]
+        want = "(tensor cores)" if testing.on_tensor_cores(dtype, nh, nkv) else ""
+        for mode in MODES:
+            status, note = sim_run[(cross.case_name(i, c), "mma", mode)]
+            if status == "ok":
+                assert note == want, (c, mode, note)
