@@ -6,8 +6,10 @@ scripts/cross_test.sh builds and runs the driver; this file writes its cases and
 Cases come from paged_attention_ext.tools.testing (shuffled block tables with garbage past each row,
 NaN in every cache slot no sequence uses, fp8 k/v scales != 1); the expected `out` from the oracle
 reference.paged_attention_v2 (vLLM's cache layout) or reference.decode (token-major caches:
-testing.DECODE_LAYOUTS), with testing.tolerances. One little-endian file per case:
-  "PACASE2\\0", int64[21] (see HEADER_INTS), float32[5] (scale k_scale v_scale atol rtol), name,
+testing.DECODE_LAYOUTS), with testing.tolerances; a blocksparse case (vLLM's layout) has NaN in
+every (cache block, KV head) no query head attends. One little-endian file per case:
+  "PACASE3\\0", int64[26] (see HEADER_INTS; bs_vert_stride 0: dense),
+  float32[5] (scale k_scale v_scale atol rtol), name,
   query fp32 [S,H,D] | K cache raw bytes | V cache raw bytes | block_tables int32 [S,M] |
   seq_lens int32 [S] | alibi fp32 [H] (if has_alibi) | expected out fp32 [S,H,D]
 The cache bytes run from the cache's first element to the end of its storage (a strided view
@@ -32,18 +34,23 @@ sys.path.insert(0, ROOT)  # run as a script from anywhere
 from paged_attention_ext import reference  # noqa: E402
 from paged_attention_ext.core import key_chunk_elements  # noqa: E402
 from paged_attention_ext.tools import testing  # noqa: E402
-from paged_attention_ext.validation import parse_kv_cache_dtype  # noqa: E402
+from paged_attention_ext.validation import Blocksparse, parse_kv_cache_dtype  # noqa: E402
+from test_blocksparse_reference import _mask as blocksparse_mask  # noqa: E402
+from test_blocksparse_reference import _poison_skipped as poison_skipped  # noqa: E402
 
-MAGIC = b"PACASE2\0"
+MAGIC = b"PACASE3\0"
 HEADER_INTS = ("scalar_kind", "cache_kind", "num_seqs", "num_heads", "num_kv_heads", "head_size",
                "block_size", "x", "max_blocks_per_seq", "num_blocks", "has_alibi", "kv_form",
                "k_block_stride", "k_head_stride", "k_token_stride", "v_block_stride",
-               "v_head_stride", "v_token_stride", "k_bytes", "v_bytes", "name_len")
+               "v_head_stride", "v_token_stride", "k_bytes", "v_bytes", "name_len",
+               "bs_tp_rank", "bs_local_blocks", "bs_vert_stride", "bs_block_size",
+               "bs_head_sliding_step")
 SCALAR_KIND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # params.h ScalarKind
 CACHE_KIND = {"auto": 0, "fp8_e4m3": 1, "fp8_e5m2": 2}  # params.h CacheKind
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
-# (dtype, kv_cache_dtype, num_heads, num_kv_heads, head_size, block_size, seq_lens, alibi, layout)
+# (dtype, kv_cache_dtype, num_heads, num_kv_heads, head_size, block_size, seq_lens, alibi, layout
+#  [, blocksparse: validation.Blocksparse, vLLM's layout only])
 CASES = [
     (F32, "auto", 8, 2, 128, 16, [1, 511, 512, 513, 0, 1537], False, None),  # GQA 4
     (BF16, "auto", 12, 2, 256, 16, [700, 33], True, None),  # GQA 6, ALiBi
@@ -69,14 +76,19 @@ CASES = [
     (BF16, "auto", 4, 1, 40, 7, [513, 5], False, "combined_hnd"),  # head 40: 8-dim tail
     (F32, "fp8", 8, 2, 64, 1, [300, 77], True, "padded"),  # e4m3, block size 1
     (BF16, "fp8_e5m2", 8, 1, 112, 16, [1100, 2], False, "hnd"),
+    # blocksparse (phi-3-small's pattern; head sliding per KV head, a sparse block that is not a
+    # multiple of the cache block)
+    (F32, "auto", 8, 2, 64, 16, [1100, 300], True, None, Blocksparse(1, 3, 8, 64, 2)),
+    (BF16, "fp8_e5m2", 4, 2, 32, 8, [700, 77], False, None, Blocksparse(1, 1, 3, 12, -1)),
 ]
 KV_FORM = {"vllm": 0, "token_major": 1}  # core/kv_layout.h KvForm
 
 
 def case_name(i, c):
-    dtype, kv, nh, nkv, d, bs, lens, alibi, layout = c
+    dtype, kv, nh, nkv, d, bs, lens, alibi, layout = c[:9]
     return (f"{i:02d}-{str(dtype)[6:]}-{kv}-h{nh}kv{nkv}-d{d}-bs{bs}-n{len(lens)}"
-            f"{'-alibi' if alibi else ''}{'-' + layout if layout else ''}")
+            f"{'-alibi' if alibi else ''}{'-' + layout if layout else ''}"
+            f"{'-blocksparse' if len(c) > 9 else ''}")
 
 
 def storage_bytes(t):
@@ -85,8 +97,9 @@ def storage_bytes(t):
     return t.as_strided((n,), (1,), t.storage_offset()).view(torch.uint8).numpy().tobytes()
 
 
-def write_case(path, name, inp):
-    """inp: testing.AttentionInputs (vLLM's layout) or testing.DecodeInputs (token-major)."""
+def write_case(path, name, inp, sparse=testing.DENSE):
+    """inp: testing.AttentionInputs (vLLM's layout) or testing.DecodeInputs (token-major);
+    sparse: a validation.Blocksparse for an attention case."""
     token_major = isinstance(inp, testing.DecodeInputs)
     if token_major:
         out = torch.full((inp.num_seqs, inp.num_heads, inp.head_size), float("nan"),
@@ -94,7 +107,7 @@ def write_case(path, name, inp):
         want = testing.call_decode(reference.decode, inp, out)
     else:
         want = testing.call_v2(reference.paged_attention_v2, inp,
-                               testing.alloc_v2_outputs(inp)).out
+                               testing.alloc_v2_outputs(inp), sparse).out
     atol, rtol = testing.tolerances(inp.dtype, inp.kv_cache_dtype)
     k, v = inp.key_cache, inp.value_cache
     # token-major [blocks, block_size, kv_heads, d]; vLLM's K [blocks, kv_heads, ...] (its token
@@ -114,7 +127,10 @@ def write_case(path, name, inp):
                 k_block_stride=strides["k"][0], k_head_stride=strides["k"][1],
                 k_token_stride=strides["k"][2], v_block_stride=strides["v"][0],
                 v_head_stride=strides["v"][1], v_token_stride=strides["v"][2],
-                k_bytes=len(kb), v_bytes=len(vb), name_len=len(name))
+                k_bytes=len(kb), v_bytes=len(vb), name_len=len(name),
+                bs_tp_rank=sparse.tp_rank, bs_local_blocks=sparse.local_blocks,
+                bs_vert_stride=sparse.vert_stride if sparse != testing.DENSE else 0,
+                bs_block_size=sparse.block_size, bs_head_sliding_step=sparse.head_sliding_step)
     f32 = lambda t: t.float().contiguous().numpy().tobytes()  # noqa: E731
     i32 = lambda t: t.to(torch.int32).contiguous().numpy().tobytes()  # noqa: E731
     with open(path, "wb") as f:
@@ -136,7 +152,8 @@ def write_cases(folder, cases=CASES):
         if old.endswith(".case"):
             os.remove(os.path.join(folder, old))
     for i, c in enumerate(cases):
-        dtype, kv, nh, nkv, d, bs, lens, alibi, layout = c
+        dtype, kv, nh, nkv, d, bs, lens, alibi, layout = c[:9]
+        sparse = c[9] if len(c) > 9 else testing.DENSE
         if layout in testing.DECODE_LAYOUTS:
             inp = testing.make_decode_inputs(len(lens), nh, nkv, d, bs, lens, layout=layout,
                                              dtype=dtype, kv_cache_dtype=kv, use_alibi=alibi,
@@ -146,8 +163,10 @@ def write_cases(folder, cases=CASES):
                                                 kv_cache_dtype=kv, use_alibi=alibi, seed=i + d)
             if layout:
                 inp = testing.with_strided_caches(inp, layout)
+            if sparse != testing.DENSE:
+                inp = poison_skipped(inp, blocksparse_mask(inp, sparse))
         name = case_name(i, c)
-        write_case(os.path.join(folder, name + ".case"), name, inp)
+        write_case(os.path.join(folder, name + ".case"), name, inp, sparse)
     return len(cases)
 
 

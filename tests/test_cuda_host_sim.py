@@ -30,10 +30,11 @@ import torch
 import host_cpp
 import test_cpu_kernel_cross as cross
 from paged_attention_ext.tools import testing
+from paged_attention_ext.validation import Blocksparse
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
-# (dtype, kv_cache_dtype, num_heads, num_kv_heads, head_size, block_size, seq_lens, alibi, layout)
-# head sizes 64-128 (the driver's compiled shapes), every GQA tile, both cache forms
+# test_cpu_kernel_cross.CASES' form; head sizes 64-128 (the driver's compiled shapes), every GQA
+# tile, both cache forms, blocksparse
 CASES = [
     (F32, "auto", 8, 8, 128, 16, [1, 511, 512, 513, 0, 1537], False, None),  # MHA, odd lengths
     (BF16, "auto", 32, 8, 128, 16, [1537, 77, 0, 513], True, None),  # GQA 4, ALiBi
@@ -56,6 +57,10 @@ CASES = [
     (F16, "auto", 12, 4, 64, 7, [513, 5], False, "mixed"),  # K != V strides, block size 7
     (BF16, "auto", 8, 2, 96, 16, [1, 600], False, "combined_hnd"),
     (F32, "auto", 8, 2, 64, 1, [300, 77], True, "padded"),  # 16-byte-unaligned token rows
+    # blocksparse: NaN in every (cache block, KV head) no query head attends
+    (F32, "auto", 8, 2, 64, 16, [1100, 300], True, None, Blocksparse(1, 3, 8, 64, 2)),
+    (BF16, "fp8_e5m2", 16, 2, 128, 8, [700, 77], False, None, Blocksparse(1, 1, 3, 12, -1)),
+    (F16, "auto", 8, 2, 96, 16, [1537, 5], False, None, Blocksparse(0, 2, 4, 16, 0)),
 ]
 KERNELS = ("baseline", "pipelined", "mma")  # the kernel choices (csrc/cuda/kernel_choice.h)
 MODES = ("v2", "v1", "split")

@@ -44,9 +44,9 @@ void read_into(std::ifstream& f, std::vector<T>& v, int64_t n, const std::string
 Case read_case(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   char magic[8];
-  int64_t h[21];
+  int64_t h[26];
   float fl[5];
-  if (!f.read(magic, 8) || std::memcmp(magic, "PACASE2", 8) != 0) die(path + ": bad magic");
+  if (!f.read(magic, 8) || std::memcmp(magic, "PACASE3", 8) != 0) die(path + ": bad magic");
   if (!f.read(reinterpret_cast<char*>(h), sizeof h) || !f.read(reinterpret_cast<char*>(fl), sizeof fl))
     die(path + ": truncated header");
   Case c;
@@ -65,6 +65,9 @@ Case read_case(const std::string& path) {
     p.v_layout = vllm_value_layout(h[15], h[16], p.block_size);
   }
   p.scale = fl[0], c.k_scale = fl[1], c.v_scale = fl[2], c.atol = fl[3], c.rtol = fl[4];
+  p.blocksparse.tp_rank = h[21], p.blocksparse.local_blocks = h[22];
+  p.blocksparse.vert_stride = h[23], p.blocksparse.block_size = h[24];
+  p.blocksparse.head_sliding_step = h[25];
   p.k_scale = c.k_scale, p.v_scale = c.v_scale;  // float overload: no scale pointers
   std::vector<char> name;
   read_into(f, name, h[20], path);
