@@ -77,34 +77,43 @@ def _cuda_include_dir():
     return next((d for d in candidates if os.path.isfile(os.path.join(d, "cuda_fp16.h"))), None)
 
 
-@pytest.fixture(scope="module")
-def sim_run(tmp_path_factory):
-    """{(case, kernel, mode): (status, note)} of one driver run over CASES and KERNELS."""
+def _simulate(tmp, cases, all_shapes=False):
+    """{(case, kernel, mode): (status, note)} of one driver run over `cases` and KERNELS."""
     cuda_include = _cuda_include_dir()
     if cuda_include is None:
         pytest.skip("no CUDA toolkit headers (cuda_fp16.h) in $CUDA_HOME/include, "
                     "/usr/local/cuda/include or next to nvcc: the kernels need them to compile")
-    tmp = tmp_path_factory.mktemp("cuda_sim")
     source = open(os.path.join(host_cpp.TESTS, "cuda_sim", "driver.cpp")).read()
-    exe = host_cpp.build(tmp, "driver", source,
-                         flags=("-O1", "-U_FORTIFY_SOURCE", "-DPAGED_ATTN_CUDA_HOST_SIM"),
+    flags = ("-O1", "-U_FORTIFY_SOURCE", "-DPAGED_ATTN_CUDA_HOST_SIM") + (
+        ("-DPAGED_ATTN_SIM_ALL_SHAPES",) if all_shapes else ())
+    exe = host_cpp.build(tmp, "driver", source, flags=flags,
                          includes=(host_cpp.TESTS, os.path.join(host_cpp.TESTS, "cuda_sim"),
                                    cuda_include))
-    cases = tmp / "cases"
-    cross.write_cases(str(cases), CASES)
-    run = subprocess.run([exe, str(cases), *KERNELS], capture_output=True, text=True, timeout=900)
+    case_dir = tmp / "cases"
+    cross.write_cases(str(case_dir), cases)
+    run = subprocess.run([exe, str(case_dir), *KERNELS], capture_output=True, text=True,
+                         timeout=1800)
     print(run.stdout[-20000:], run.stderr[-4000:])  # shown on failure
     assert run.returncode in (0, 1), f"simulation error (rc {run.returncode}): {run.stderr}"
     return {(m[2], m[3], m[4]): (m[1].strip(), m[5].strip()) for m in LINE.finditer(run.stdout)}
 
 
-def test_every_kernel_matches_the_oracle_in_simulation(sim_run):
-    names = [cross.case_name(i, c) for i, c in enumerate(CASES)]
+def _assert_all_passed(results, cases):
+    names = [cross.case_name(i, c) for i, c in enumerate(cases)]
     missing = [(n, k, m) for n in names for k in KERNELS for m in MODES
-               if (n, k, m) not in sim_run]
+               if (n, k, m) not in results]
     assert not missing, f"no result for {missing[:5]}"
-    failed = {key: note for key, (status, note) in sim_run.items() if status == "FAIL"}
+    failed = {key: note for key, (status, note) in results.items() if status == "FAIL"}
     assert not failed, "\n".join(f"{k}: {v}" for k, v in failed.items())
+
+
+@pytest.fixture(scope="module")
+def sim_run(tmp_path_factory):
+    return _simulate(tmp_path_factory.mktemp("cuda_sim"), CASES)
+
+
+def test_every_kernel_matches_the_oracle_in_simulation(sim_run):
+    _assert_all_passed(sim_run, CASES)
 
 
 def test_the_split_and_the_tensor_cores_were_exercised(sim_run):
@@ -119,3 +128,22 @@ def test_the_split_and_the_tensor_cores_were_exercised(sim_run):
             status, note = sim_run[(cross.case_name(i, c), "mma", mode)]
             if status == "ok":
                 assert note == want, (c, mode, note)
+
+
+# Every head size and GQA tile the CUDA build compiles (the driver built with every shape: a
+# compile of a few minutes, hence @slow).
+ALL_SHAPE_CASES = [
+    (F16, "auto", 4, 4, 32, 16, [1537, 3], True, None),  # head 32 (1 dim per lane), MHA
+    (BF16, "auto", 4, 2, 32, 8, [600, 0], False, None),  # head 32, GQA 2 (tile 2)
+    (F32, "auto", 6, 2, 192, 16, [513, 77], True, None),  # head 192 (6 dims per lane), GQA 3
+    (BF16, "fp8_e4m3", 16, 2, 192, 16, [1100, 1], False, None),  # head 192, GQA 8, fp8
+    (F16, "auto", 8, 1, 256, 16, [700, 33], False, None),  # head 256 (8 dims), GQA 8
+    (BF16, "auto", 12, 2, 256, 5, [513, 9], True, "nhd"),  # head 256, GQA 6, block size 5
+    (F32, "fp8_e5m2", 4, 2, 256, 16, [300, 1025], False, None),  # head 256, GQA 2
+    (F16, "auto", 8, 4, 112, 16, [1537, 2], False, "hnd"),  # GQA 2 on a token-major cache
+]
+
+
+@pytest.mark.slow
+def test_every_compiled_shape_matches_the_oracle_in_simulation(tmp_path):
+    _assert_all_passed(_simulate(tmp_path, ALL_SHAPE_CASES, all_shapes=True), ALL_SHAPE_CASES)

@@ -32,9 +32,14 @@ namespace {
 
 // The shapes compiled here (each is a kernel instantiation per family and dtype pair): dims per
 // lane 2-4 (head sizes 64 .. 128, with 80 / 120 leaving part of a 16-dim slice or of a lane's
-// dims empty), head tiles 1, 4 and 8.
+// dims empty), head tiles 1, 4 and 8; with PAGED_ATTN_SIM_ALL_SHAPES every shape the build
+// compiles (a longer compile).
 constexpr bool simulated(int dims, int tile) {
+#if defined(PAGED_ATTN_SIM_ALL_SHAPES)
+  return dims > 0 && tile > 0;
+#else
   return dims >= 2 && dims <= 4 && (tile == 1 || tile == 4 || tile == 8);
+#endif
 }
 constexpr int kSimSms = 4;  // the "GPU" the split plan sizes for: few SMs, so rows get split
 
