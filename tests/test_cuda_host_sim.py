@@ -1,5 +1,7 @@
-"""The CUDA attention kernels (csrc/cuda), run on the host in a simulation of the GPU, against the
-oracle: the only place they run where no GPU is.
+"""The CUDA kernels (csrc/cuda), run on the host in a simulation of the GPU, against the oracle:
+the only place they run where no GPU is. The attention kernels below; the cache writes
+(reshape_and_cache, reshape_and_cache_flash: tests/cuda_sim/cache_driver.cpp) at the end, bit for
+bit against the oracle's caches on vLLM's layout and every token-major layout.
 
 tests/cuda_sim/driver.cpp compiles the kernels' own source with the host compiler on top of
 tests/cuda_sim/cuda_sim.h (every thread of a block a fiber, barriers and shuffles simulated,
@@ -22,6 +24,7 @@ GPU.
 import os
 import re
 import shutil
+import struct
 import subprocess
 
 import pytest
@@ -29,8 +32,10 @@ import torch
 
 import host_cpp
 import test_cpu_kernel_cross as cross
-from paged_attention_ext.tools import testing
-from paged_attention_ext.validation import Blocksparse
+from paged_attention_ext import reference
+from paged_attention_ext.core import key_chunk_elements
+from paged_attention_ext.tools import conformance, testing
+from paged_attention_ext.validation import Blocksparse, parse_kv_cache_dtype
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 # test_cpu_kernel_cross.CASES' form; head sizes 64-128 (the driver's compiled shapes), every GQA
@@ -147,3 +152,115 @@ ALL_SHAPE_CASES = [
 @pytest.mark.slow
 def test_every_compiled_shape_matches_the_oracle_in_simulation(tmp_path):
     _assert_all_passed(_simulate(tmp_path, ALL_SHAPE_CASES, all_shapes=True), ALL_SHAPE_CASES)
+
+
+# ---- reshape_and_cache / reshape_and_cache_flash (tests/cuda_sim/cache_driver.cpp) ----
+
+CACHE_HEADER = ("scalar_kind", "cache_kind", "num_tokens", "num_kv_heads", "head_size",
+                "block_size", "num_blocks", "kv_form", "x", "k_block_stride", "k_head_stride",
+                "k_token_stride", "v_block_stride", "v_head_stride", "v_token_stride",
+                "key_token_stride", "key_head_stride", "value_token_stride",
+                "value_head_stride", "key_bytes", "value_bytes", "k_cache_bytes",
+                "v_cache_bytes")
+# (query dtype, kv_cache_dtype, layout: "vllm" or a testing.DECODE_LAYOUTS name)
+CACHE_CASES = [
+    (F32, "auto", "vllm"), (F16, "fp8_e4m3", "vllm"), (BF16, "fp8_e5m2", "vllm"),
+    (BF16, "auto", "vllm"), (F16, "auto", "nhd"), (BF16, "fp8_e4m3", "hnd"),
+    (F32, "fp8_e5m2", "combined"), (BF16, "auto", "mixed"), (F32, "auto", "padded"),
+    (F16, "fp8_e4m3", "combined_hnd"),
+]
+
+
+def _cache_case(i, dtype, kv, layout):
+    """(inputs for the op, the oracle's caches): key / value slices of a fused tensor (flash:
+    more rows than slots, NaN in the extra rows), slots with padding (-1), caches holding random
+    values (fp8: random bytes) that must stay where no slot writes, values large enough that fp8
+    saturates."""
+    g = torch.Generator().manual_seed(100 + i)
+    token_major = layout != "vllm"
+    num_tokens, kvh, nb = 29, 2, 9
+    d, bs = (48, 5) if token_major else (64, 8)
+    rows = num_tokens + (3 if token_major else 0)
+    fused = torch.randn(rows, (1 + 2 * kvh) * d, generator=g) * 40
+    fused[num_tokens:] = float("nan")
+    fused = fused.to(dtype)
+    key = fused[:, d:(1 + kvh) * d].view(rows, kvh, d)
+    value = fused[:, (1 + kvh) * d:].view(rows, kvh, d)
+    slots = torch.randperm(nb * bs, generator=g)[:num_tokens].to(torch.int64)
+    slots[::6] = -1
+    cache_dtype = dtype if kv == "auto" else torch.uint8
+    def rand(*shape):
+        if kv != "auto":
+            return torch.randint(0, 256, shape, generator=g).to(torch.uint8)
+        return torch.randn(*shape, generator=g).to(cache_dtype)
+
+    if not token_major:
+        x = key_chunk_elements(cache_dtype)
+        kc, vc = rand(nb, kvh, d // x, bs, x), rand(nb, kvh, d, bs)
+    else:
+        kc, vc, _ = testing.nhd_cache_views(rand(nb, bs, kvh, d), rand(nb, bs, kvh, d), layout)
+    op = "reshape_and_cache_flash" if token_major else "reshape_and_cache"
+    k_scale, v_scale = (0.37, 1.9) if kv != "auto" else (1.0, 1.0)
+    want_k, want_v = conformance.same_layout_copy(kc), conformance.same_layout_copy(vc)
+    getattr(reference, op)(key, value, want_k, want_v, slots, kv, k_scale, v_scale)
+    return (key, value, kc, vc, slots, kv, k_scale, v_scale, layout), (want_k, want_v)
+
+
+def _write_cache_case(path, key, value, kc, vc, slots, kv, k_scale, v_scale, layout):
+    token_major = layout != "vllm"
+    ints = dict(
+        scalar_kind=cross.SCALAR_KIND[key.dtype],
+        cache_kind=cross.CACHE_KIND[parse_kv_cache_dtype("sim", kv)],
+        num_tokens=slots.numel(), num_kv_heads=key.shape[1], head_size=key.shape[2],
+        block_size=kc.shape[1] if token_major else vc.shape[3], num_blocks=kc.shape[0],
+        kv_form=cross.KV_FORM["token_major" if token_major else "vllm"],
+        x=0 if token_major else kc.shape[4],
+        k_block_stride=kc.stride(0), k_head_stride=kc.stride(2 if token_major else 1),
+        k_token_stride=kc.stride(1) if token_major else 0,
+        v_block_stride=vc.stride(0), v_head_stride=vc.stride(2 if token_major else 1),
+        v_token_stride=vc.stride(1) if token_major else 0,
+        key_token_stride=key.stride(0), key_head_stride=key.stride(1),
+        value_token_stride=value.stride(0), value_head_stride=value.stride(1))
+    blobs = [cross.storage_bytes(t) for t in (key, value)]
+    blobs.append(slots.contiguous().numpy().tobytes())
+    blobs += [cross.storage_bytes(t) for t in (kc, vc)]
+    ints.update(key_bytes=len(blobs[0]), value_bytes=len(blobs[1]), k_cache_bytes=len(blobs[3]),
+                v_cache_bytes=len(blobs[4]))
+    with open(path, "wb") as f:
+        f.write(b"RCCASE1\0" + struct.pack(f"<{len(CACHE_HEADER)}q",
+                                           *(ints[n] for n in CACHE_HEADER)))
+        f.write(struct.pack("<2f", k_scale, v_scale))
+        for blob in blobs:
+            f.write(blob)
+
+
+def _read_back(path, like):
+    """The cache the driver wrote, seen through the same view as `like` (bytes from its first
+    element)."""
+    raw = torch.frombuffer(bytearray(open(path, "rb").read()), dtype=like.dtype)
+    return raw.as_strided(like.shape, like.stride(), 0)
+
+
+def test_cache_writes_match_the_oracle_in_simulation(tmp_path):
+    cuda_include = _cuda_include_dir()
+    if cuda_include is None:
+        pytest.skip("no CUDA toolkit headers (cuda_fp16.h): the kernels need them to compile")
+    source = open(os.path.join(host_cpp.TESTS, "cuda_sim", "cache_driver.cpp")).read()
+    exe = host_cpp.build(tmp_path, "cache_driver", source,
+                         flags=("-O1", "-U_FORTIFY_SOURCE", "-DPAGED_ATTN_CUDA_HOST_SIM"),
+                         includes=(host_cpp.TESTS, os.path.join(host_cpp.TESTS, "cuda_sim"),
+                                   cuda_include))
+    cases = []
+    for i, (dtype, kv, layout) in enumerate(CACHE_CASES):
+        args, want = _cache_case(i, dtype, kv, layout)
+        path = str(tmp_path / f"{i:02d}-{str(dtype)[6:]}-{kv}-{layout}.rc")
+        _write_cache_case(path, *args)
+        cases.append((path, args, want))
+    run = subprocess.run([exe, *(c[0] for c in cases)], capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    for path, args, (want_k, want_v) in cases:
+        for suffix, want in ((".k.out", want_k), (".v.out", want_v)):
+            got = _read_back(path + suffix, want)
+            assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), (
+                f"{os.path.basename(path)}{suffix}: bytes differ from the oracle's")
