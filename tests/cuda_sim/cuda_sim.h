@@ -210,6 +210,7 @@ template <int kK>
 void mma(bool bf16, float c[4], const uint32_t* a, const uint32_t* b) {
   static uint32_t all_a[kWarp * 4][kK / 4], all_b[kWarp * 4][kK / 8];  // per thread of the block
   const int rank = thread_rank(), lane = rank % kWarp, warp0 = rank - lane;
+  if (rank >= kWarp * 4) fail("mma.sync in a block of more than 128 threads");
   std::memcpy(all_a[rank], a, sizeof(all_a[0]));
   std::memcpy(all_b[rank], b, sizeof(all_b[0]));
   sync_warp();
