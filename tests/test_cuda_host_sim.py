@@ -53,6 +53,7 @@ CASES = [
     (BF16, "fp8_e5m2", 12, 4, 112, 5, [513, 77], True, None),  # e5m2, block size 5, GQA 3
     (F32, "fp8", 8, 2, 64, 16, [300, 1025], True, None),  # fp32 query, fp8 cache
     (F16, "auto", 4, 1, 128, 16, [0, 0], False, None),  # every row empty: zeros
+    (BF16, "auto", 8, 1, 64, 16, [70000, 3], False, None),  # v2: 137 partitions, > one reduce chunk
     (F32, "auto", 8, 2, 64, 16, [1, 600, 1025], False, "head_padding"),  # outer strides
     (BF16, "fp8_e4m3", 8, 2, 64, 16, [1, 600, 1025], False, "blocks_interleaved"),
     # token-major caches (decode)
