@@ -32,11 +32,11 @@
 //   QK      one pass over the blocks, every head tile per block (the block's K stays in L1).
 //           K viewed as rows of X dims x block_size tokens; a 16-lane vector holds 16 / X
 //           tokens x X dims ("x form": vLLM's K is stored so, X = x; a token-major K row is
-//           X = 16, one vector = 16 dims of one token, k_at). acc[g][j] += K_vec[j] * (q's X
-//           dims of row c, broadcast, pre-scaled); then fold16 / fold8 / sum_x4 turn the
-//           accumulators into vectors of 16 token logits. Token-major: X = Isa::kTokenMajorX
-//           (16, or 8: a vector holds 8 dims of two tokens); a last row of head_size % X dims
-//           is masked (qs is zero padded).
+//           X = Isa::kTokenMajorX: 16, one vector = 16 dims of one token, or 8, one vector = 8
+//           dims of two tokens; k_at). acc[g][j] += K_vec[j] * (q's X dims of row c,
+//           broadcast, pre-scaled); then fold16 / fold8 / sum_x4 turn the accumulators into
+//           vectors of 16 token logits. Token-major: a last row of head_size % X dims is
+//           masked (qs is zero padded).
 //   softmax m = max, p = exp(l - m), s = sum p, per head (ALiBi added first).
 //   PV      per head tile and tile of DT head dims, registers acc[g][dt] (16 token lanes each)
 //           accumulate p[g][tokens] * V[d][tokens] over all blocks of the partition; one
