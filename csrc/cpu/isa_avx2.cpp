@@ -135,35 +135,42 @@ struct Isa : EightVecTiles {  // 16 ymm / 32 q registers: 8 Vec
     _mm_storeu_ps(out, _mm_mul_ps(sums, _mm_set1_ps(scale)));
   }
 
+  // 8 cache elements, all readable.
+  template <typename Cache>
+  static __m256 load8_full(const typename Cache::storage* p) {
+    if constexpr (std::is_same_v<Cache, F32>) {
+      return _mm256_loadu_ps(p);
+    } else if constexpr (std::is_same_v<Cache, F16>) {
+      return half8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    } else if constexpr (std::is_base_of_v<BF16, Cache>) {  // bf16 bits are fp32's top half
+      const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+      return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+    } else if constexpr (std::is_same_v<Cache, E5M2>) {  // an e5m2 byte is an fp16's top byte
+      const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+      return half8(_mm_slli_epi16(_mm_cvtepu8_epi16(bytes), 8));
+    } else {
+      static_assert(std::is_same_v<Cache, E4M3>);
+      return e4m3x8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    }
+  }
   // 16 cache elements, all readable.
   template <typename Cache>
   static Vec load_cache_full(const typename Cache::storage* p) {
-    if constexpr (std::is_same_v<Cache, F32>) {
-      return loadu(p);
-    } else if constexpr (std::is_same_v<Cache, F16>) {
-      return {half8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
-              half8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))};
-    } else if constexpr (std::is_base_of_v<BF16, Cache>) {  // bf16 bits are fp32's top half
-      const __m256i a = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-      const __m256i b =
-          _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
-      return {_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)),
-              _mm256_castsi256_ps(_mm256_slli_epi32(b, 16))};
-    } else if constexpr (std::is_same_v<Cache, E5M2>) {  // an e5m2 byte is an fp16's top byte
-      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-      return {half8(_mm_slli_epi16(_mm_cvtepu8_epi16(bytes), 8)),
-              half8(_mm_slli_epi16(_mm_cvtepu8_epi16(_mm_srli_si128(bytes, 8)), 8))};
-    } else {
-      static_assert(std::is_same_v<Cache, E4M3>);
-      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-      return {e4m3x8(bytes), e4m3x8(_mm_srli_si128(bytes, 8))};
-    }
+    return {load8_full<Cache>(p), load8_full<Cache>(p + 8)};
   }
   template <typename Cache>
   static Vec load_cache(const typename Cache::storage* p, Mask m) {
     if (m.full()) return load_cache_full<Cache>(p);
     alignas(32) typename Cache::storage tmp[16];
     copy_lanes(tmp, p, m);
+    return load_cache_full<Cache>(tmp);
+  }
+  template <typename Cache>
+  static Vec load_token_pair(const typename Cache::storage* p, int64_t stride, int ntok, int dims) {
+    if (dims == 8 && ntok == 2) return {load8_full<Cache>(p), load8_full<Cache>(p + stride)};
+    if (dims == 8 && ntok == 1) return {load8_full<Cache>(p), _mm256_setzero_ps()};
+    alignas(32) typename Cache::storage tmp[16];
+    copy_token_pair(tmp, p, stride, ntok, dims);
     return load_cache_full<Cache>(tmp);
   }
 

@@ -52,6 +52,7 @@ struct Isa {
   static constexpr int pv_dims(int gt, bool wide) { return wide && gt <= 2 ? 8 : 4; }
   static constexpr bool kProbsInRegisters = true;
   static constexpr bool kHasBf16Dot = true;
+  static constexpr int kTokenMajorX = 16;  // a q row of 16 dims is one register
 
   static Mask lanes(int lo, int hi) { return lane_mask(lo, hi); }
   static Vec zero() { return _mm512_setzero_ps(); }
@@ -97,6 +98,13 @@ struct Isa {
       const __mmask16 nan = _mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x7F));
       return _mm512_mask_blend_ps(nan, f, _mm512_set1_ps(NAN));
     }
+  }
+
+  template <typename Cache>
+  static Vec load_token_pair(const typename Cache::storage* p, int64_t stride, int ntok, int dims) {
+    const Vec a = load_cache<Cache>(p, lane_mask(0, ntok > 0 ? dims : 0));
+    const Vec b = load_cache<Cache>(ntok > 1 ? p + stride : p, lane_mask(0, ntok > 1 ? dims : 0));
+    return _mm512_insertf32x8(a, _mm512_castps512_ps256(b), 1);
   }
 
   // exp(x) for x <= 0 (and -inf -> 0, NaN -> NaN): Cephes expf's range reduction and

@@ -137,31 +137,31 @@ struct Isa : EightVecTiles {  // 16 ymm / 32 q registers: 8 Vec
     vst1q_f32(out, vmulq_n_f32(s, scale));
   }
 
+  // 8 cache elements, all readable, into out[0], out[1].
+  template <typename Cache>
+  static void load8_full(const typename Cache::storage* p, float32x4_t* out) {
+    if constexpr (std::is_same_v<Cache, F32>) {
+      out[0] = vld1q_f32(p);
+      out[1] = vld1q_f32(p + 4);
+    } else if constexpr (std::is_same_v<Cache, F16>) {
+      half8(vld1q_u16(p), out);
+    } else if constexpr (std::is_base_of_v<BF16, Cache>) {  // bf16 bits are fp32's top half
+      const uint16x8_t a = vld1q_u16(p);
+      out[0] = vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(a), 16));
+      out[1] = vreinterpretq_f32_u32(vshll_n_u16(vget_high_u16(a), 16));
+    } else if constexpr (std::is_same_v<Cache, E5M2>) {  // an e5m2 byte is an fp16's top byte
+      half8(vshll_n_u8(vld1_u8(p), 8), out);
+    } else {
+      static_assert(std::is_same_v<Cache, E4M3>);
+      e4m3x8(vld1_u8(p), out);
+    }
+  }
   // 16 cache elements, all readable.
   template <typename Cache>
   static Vec load_cache_full(const typename Cache::storage* p) {
     Vec r;
-    if constexpr (std::is_same_v<Cache, F32>) {
-      r = loadu(p);
-    } else if constexpr (std::is_same_v<Cache, F16>) {
-      half8(vld1q_u16(p), r.v);
-      half8(vld1q_u16(p + 8), r.v + 2);
-    } else if constexpr (std::is_base_of_v<BF16, Cache>) {  // bf16 bits are fp32's top half
-      const uint16x8_t a = vld1q_u16(p), b = vld1q_u16(p + 8);
-      r.v[0] = vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(a), 16));
-      r.v[1] = vreinterpretq_f32_u32(vshll_n_u16(vget_high_u16(a), 16));
-      r.v[2] = vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(b), 16));
-      r.v[3] = vreinterpretq_f32_u32(vshll_n_u16(vget_high_u16(b), 16));
-    } else if constexpr (std::is_same_v<Cache, E5M2>) {  // an e5m2 byte is an fp16's top byte
-      const uint8x16_t bytes = vld1q_u8(p);
-      half8(vshll_n_u8(vget_low_u8(bytes), 8), r.v);
-      half8(vshll_n_u8(vget_high_u8(bytes), 8), r.v + 2);
-    } else {
-      static_assert(std::is_same_v<Cache, E4M3>);
-      const uint8x16_t bytes = vld1q_u8(p);
-      e4m3x8(vget_low_u8(bytes), r.v);
-      e4m3x8(vget_high_u8(bytes), r.v + 2);
-    }
+    load8_full<Cache>(p, r.v);
+    load8_full<Cache>(p + 8, r.v + 2);
     return r;
   }
   template <typename Cache>
@@ -169,6 +169,18 @@ struct Isa : EightVecTiles {  // 16 ymm / 32 q registers: 8 Vec
     if (m.full()) return load_cache_full<Cache>(p);
     typename Cache::storage tmp[16];
     copy_lanes(tmp, p, m);
+    return load_cache_full<Cache>(tmp);
+  }
+  template <typename Cache>
+  static Vec load_token_pair(const typename Cache::storage* p, int64_t stride, int ntok, int dims) {
+    if (dims == 8 && ntok >= 1) {
+      Vec r = zero();
+      load8_full<Cache>(p, r.v);
+      if (ntok == 2) load8_full<Cache>(p + stride, r.v + 2);
+      return r;
+    }
+    typename Cache::storage tmp[16];
+    copy_token_pair(tmp, p, stride, ntok, dims);
     return load_cache_full<Cache>(tmp);
   }
 

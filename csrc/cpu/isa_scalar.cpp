@@ -18,6 +18,7 @@ struct Isa {
   using Mask = LaneRange;
 
   static constexpr int kQkHeads = 4, kPvHeads = 4;
+  static constexpr int kTokenMajorX = 8;  // as the 8-register layers (the same code path)
   static constexpr int qk_vecs(int gt) { return gt <= 2 ? 2 : 1; }
   static constexpr int pv_dims(int /*gt*/, bool /*wide*/) { return 4; }
   static constexpr bool kProbsInRegisters = true;
@@ -89,6 +90,13 @@ struct Isa {
   static Vec load_cache(const typename Cache::storage* p, Mask m) {
     Vec r = zero();
     for (int i = m.lo; i < m.hi; ++i) r.v[i] = Cache::decode(p[i]);
+    return r;
+  }
+  template <typename Cache>
+  static Vec load_token_pair(const typename Cache::storage* p, int64_t stride, int ntok, int dims) {
+    Vec r = zero();
+    for (int k = 0; k < ntok; ++k)
+      for (int i = 0; i < dims; ++i) r.v[8 * k + i] = Cache::decode(p[k * stride + i]);
     return r;
   }
   static Vec exp(Vec x) {

@@ -38,6 +38,15 @@ inline void copy_lanes(T* dst, const T* src, LaneRange r) {
   if (!r.empty()) std::memcpy(dst + r.lo, src + r.lo, (r.hi - r.lo) * sizeof(T));
 }
 
+// Two tokens' dims of a token-major K row into a 16-element dst (x = 8 form): dst[8 k + i] =
+// src[k * stride + i] for k < ntok, i < dims (ntok <= 2, dims <= 8), zero elsewhere; reads
+// nothing else.
+template <typename T>
+inline void copy_token_pair(T* dst, const T* src, int64_t stride, int ntok, int dims) {
+  std::memset(dst, 0, 16 * sizeof(T));
+  for (int k = 0; k < ntok; ++k) std::memcpy(dst + 8 * k, src + k * stride, dims * sizeof(T));
+}
+
 // exp(r) ~ 1 + r + r^2 * poly(r) on |r| <= ln(2) / 2 (Cephes expf), after x = n ln2 + r with ln2
 // split in two for an exact n * ln2_hi. Every SIMD layer's exp uses these.
 namespace exp_poly {
@@ -52,9 +61,12 @@ inline void prefetch_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
 
 // Register tiles of the layers with 8 Vec of registers (AVX2: 16 ymm, NEON: 32 q registers):
 // QK gt * qk_vecs accumulators + K vectors + q; PV gt * pv_dims accumulators + one V row, the
-// probabilities read from L1 as FMA operands.
+// probabilities read from L1 as FMA operands. A token-major K row is taken in x = 8 form (a
+// vector = 8 dims of two tokens): the q row, reloaded per head and row, is then 8 dims (AVX2:
+// one ymm load, as vLLM's x = 4 form) instead of 16, and the token sums need one fold less.
 struct EightVecTiles {
   static constexpr int kQkHeads = 4, kPvHeads = 3;
+  static constexpr int kTokenMajorX = 8;
   static constexpr int qk_vecs(int gt) { return gt == 1 ? 4 : gt == 2 ? 2 : 1; }
   static constexpr int pv_dims(int gt, bool /*wide*/) { return gt == 1 ? 4 : 2; }
   static constexpr bool kProbsInRegisters = false;

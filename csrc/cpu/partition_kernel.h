@@ -9,6 +9,11 @@
 //   load(p, m) store(p, v, m) load_or(p, m, fill) select(m, v)   masked fp32 access: lanes
 //                      outside m read nothing (load: 0, load_or: fill) and are not written
 //   load_cache<Cache>(p, m)   16 cache elements -> fp32, lanes outside m read nothing and are 0
+//   load_token_pair<Cache>(p, stride, ntok, dims)   x = 8 form of a token-major K row: lane
+//                      8 k + i = p[k * stride + i] for k < ntok (<= 2), i < dims (<= 8); other
+//                      lanes read nothing and are 0
+//   kTokenMajorX       the x form of a token-major K row: 16 (a vector = 16 dims of a token) or 8
+//                      (8 dims of two tokens, load_token_pair)
 //   exp(v)             e^v for v <= 0 (-inf -> 0, NaN -> NaN)
 //   reduce_add reduce_max    horizontal
 //   reduce4(a, b, c, d, scale, out)   out[0..3] = scale * (sum a, sum b, sum c, sum d)
@@ -27,10 +32,11 @@
 //   QK      one pass over the blocks, every head tile per block (the block's K stays in L1).
 //           K viewed as rows of X dims x block_size tokens; a 16-lane vector holds 16 / X
 //           tokens x X dims ("x form": vLLM's K is stored so, X = x; a token-major K row is
-//           X = 16, one vector = 16 dims of one token, k_at). acc[g][j] += K_vec[j] * (q's X
-//           dims of row c, broadcast, pre-scaled); then fold16 / fold8 / sum_x4 turn the
-//           accumulators into vectors of 16 token logits. Token-major: a last row of
-//           head_size % 16 dims is masked (qs is zero padded).
+//           X = Isa::kTokenMajorX: 16, one vector = 16 dims of one token, or 8, one vector = 8
+//           dims of two tokens; k_at). acc[g][j] += K_vec[j] * (q's X dims of row c,
+//           broadcast, pre-scaled); then fold16 / fold8 / sum_x4 turn the accumulators into
+//           vectors of 16 token logits. Token-major: a last row of head_size % X dims is
+//           masked (qs is zero padded).
 //   softmax m = max, p = exp(l - m), s = sum p, per head (ALiBi added first).
 //   PV      per head tile and tile of DT head dims, registers acc[g][dt] (16 token lanes each)
 //           accumulate p[g][tokens] * V[d][tokens] over all blocks of the partition; one
@@ -98,36 +104,36 @@ inline void store_token_sums(const Vec* acc, float* dst, int ntok) {
 
 // The x form of a cache's K: a 16-lane vector holds 16 / X tokens x X dims of a K "row" (X
 // consecutive dims of every token of the block). vLLM's K is stored in it (X = x); a token-major
-// K row is X = 16: one vector is 16 dims of one token.
+// K row is X = Isa::kTokenMajorX: one vector is 16 dims of one token, or 8 dims of two tokens.
 template <typename Cache, KvForm F>
 constexpr int form_x() {
   return F == KvForm::kTokenMajor
-             ? 16
+             ? Isa::kTokenMajorX
              : static_cast<int>(vllm_key_x(sizeof(typename Cache::storage)));
 }
 
 // Address in a K slice of x-form element e of row c (token e / X, dim c * X + e % X); for the
-// token-major form e is a multiple of 16 (a vector starts at a token).
+// token-major form e is a multiple of X (a vector starts at a token).
 template <typename Cache, KvForm F>
 inline const typename Cache::storage* k_at(const typename Cache::storage* kblk, const TaskShape& s,
                                            int c, int e) {
+  constexpr int X = form_x<Cache, F>();
   if constexpr (F == KvForm::kTokenMajor)
-    return kblk + static_cast<int64_t>(e / 16) * s.k_token_stride + 16 * c;
+    return kblk + static_cast<int64_t>(e / X) * s.k_token_stride + X * c;
   else
     return kblk + static_cast<int64_t>(c) * s.R + e;
 }
 
-// acc[g][jt] += K row c's vectors j + 16 jt ... (lanes m[jt]) times q's X dims of row c.
-template <typename Cache, KvForm F, int GT, int JT>
-inline void qk_row(const typename Cache::storage* kblk, const float* qs, const TaskShape& s, int j,
-                   int c, const Mask (&m)[JT], Vec (&acc)[GT][JT], const char* pf_a,
-                   const char* pf_b) {
+// acc[g][jt] += kv[jt] times q's X dims of row c, kv[jt] = load_k(jt): K row c's vectors
+// j + 16 jt of the pass.
+template <typename Cache, KvForm F, int GT, int JT, typename LoadK>
+inline void qk_row(const LoadK& load_k, const float* qs, const TaskShape& s, int j, int c,
+                   Vec (&acc)[GT][JT], const char* pf_a, const char* pf_b) {
   constexpr int X = form_x<Cache, F>();
   if (j == 0) prefetch_row_share(pf_a, pf_b, s, c);  // spread over this block
   Vec kv[JT];
 #pragma GCC unroll 8
-  for (int jt = 0; jt < JT; ++jt)
-    kv[jt] = Isa::template load_cache<Cache>(k_at<Cache, F>(kblk, s, c, j + 16 * jt), m[jt]);
+  for (int jt = 0; jt < JT; ++jt) kv[jt] = load_k(jt);
 #pragma GCC unroll 8
   for (int g = 0; g < GT; ++g) {
     const Vec qv = Isa::template q_row<X>(qs + g * s.Dq + c * X);
@@ -138,25 +144,49 @@ inline void qk_row(const typename Cache::storage* kblk, const float* qs, const T
 
 // acc[g][jt] += K row c's vectors j + 16 jt ... times q's X dims of row c, over all rows.
 // kFull: every lane of the JT vectors is in the row (no mask test in the loop). A token-major
-// K's last row holds head_size % 16 dims when that is not 0 (qs is zero padded to 16 dims).
+// K's last row holds head_size % X dims when that is not 0 (qs is zero padded to 16 dims).
 template <typename Cache, KvForm F, int GT, int JT, bool kFull>
 inline void qk_rows(const typename Cache::storage* kblk, const float* qs, const TaskShape& s, int j,
                     Vec (&acc)[GT][JT], const char* pf_a, const char* pf_b) {
   constexpr int X = form_x<Cache, F>();
-  Mask m[JT];
-#pragma GCC unroll 8
-  for (int jt = 0; jt < JT; ++jt)
-    m[jt] = kFull ? Isa::lanes(0, 16) : Isa::lanes(0, s.R - j - 16 * jt);
   const int full_rows = s.D / X;
-  for (int c = 0; c < full_rows; ++c)
-    qk_row<Cache, F, GT, JT>(kblk, qs, s, j, c, m, acc, pf_a, pf_b);
-  if constexpr (F == KvForm::kTokenMajor) {
-    if (full_rows < s.C) {
-      Mask tail[JT];
+  if constexpr (F == KvForm::kTokenMajor && X == 8) {  // vector jt: tokens (j + 16 jt) / 8, + 1
+    int ntok[JT];
 #pragma GCC unroll 8
-      for (int jt = 0; jt < JT; ++jt)
-        tail[jt] = Isa::lanes(0, std::min(s.R - j - 16 * jt, s.D % 16));
-      qk_row<Cache, F, GT, JT>(kblk, qs, s, j, full_rows, tail, acc, pf_a, pf_b);
+    for (int jt = 0; jt < JT; ++jt)
+      ntok[jt] = kFull ? 2 : std::min(2, std::max(0, (s.R - j - 16 * jt) / 8));
+    const auto row = [&](int c, int dims) {
+      const auto load_k = [&](int jt) {
+        return Isa::template load_token_pair<Cache>(k_at<Cache, F>(kblk, s, c, j + 16 * jt),
+                                                    s.k_token_stride, ntok[jt], dims);
+      };
+      qk_row<Cache, F, GT, JT>(load_k, qs, s, j, c, acc, pf_a, pf_b);
+    };
+    for (int c = 0; c < full_rows; ++c) row(c, 8);
+    if (full_rows < s.C) row(full_rows, s.D % 8);
+  } else {
+    Mask m[JT];
+#pragma GCC unroll 8
+    for (int jt = 0; jt < JT; ++jt)
+      m[jt] = kFull ? Isa::lanes(0, 16) : Isa::lanes(0, s.R - j - 16 * jt);
+    for (int c = 0; c < full_rows; ++c) {
+      const auto load_k = [&](int jt) {
+        return Isa::template load_cache<Cache>(k_at<Cache, F>(kblk, s, c, j + 16 * jt), m[jt]);
+      };
+      qk_row<Cache, F, GT, JT>(load_k, qs, s, j, c, acc, pf_a, pf_b);
+    }
+    if constexpr (F == KvForm::kTokenMajor) {
+      if (full_rows < s.C) {
+        Mask tail[JT];
+#pragma GCC unroll 8
+        for (int jt = 0; jt < JT; ++jt)
+          tail[jt] = Isa::lanes(0, std::min(s.R - j - 16 * jt, s.D % 16));
+        const auto load_k = [&](int jt) {
+          return Isa::template load_cache<Cache>(k_at<Cache, F>(kblk, s, full_rows, j + 16 * jt),
+                                                 tail[jt]);
+        };
+        qk_row<Cache, F, GT, JT>(load_k, qs, s, j, full_rows, acc, pf_a, pf_b);
+      }
     }
   }
 }
