@@ -83,18 +83,23 @@ def _cuda_include_dir():
     return next((d for d in candidates if os.path.isfile(os.path.join(d, "cuda_fp16.h"))), None)
 
 
-def _simulate(tmp, cases, all_shapes=False):
-    """{(case, kernel, mode): (status, note)} of one driver run over `cases` and KERNELS."""
+def _build(tmp, driver, *defines):
+    """tests/cuda_sim/<driver>.cpp built over the simulation; skips without CUDA headers."""
     cuda_include = _cuda_include_dir()
     if cuda_include is None:
         pytest.skip("no CUDA toolkit headers (cuda_fp16.h) in $CUDA_HOME/include, "
                     "/usr/local/cuda/include or next to nvcc: the kernels need them to compile")
-    source = open(os.path.join(host_cpp.TESTS, "cuda_sim", "driver.cpp")).read()
-    flags = ("-O1", "-U_FORTIFY_SOURCE", "-DPAGED_ATTN_CUDA_HOST_SIM") + (
-        ("-DPAGED_ATTN_SIM_ALL_SHAPES",) if all_shapes else ())
-    exe = host_cpp.build(tmp, "driver", source, flags=flags,
-                         includes=(host_cpp.TESTS, os.path.join(host_cpp.TESTS, "cuda_sim"),
-                                   cuda_include))
+    source = open(os.path.join(host_cpp.TESTS, "cuda_sim", driver + ".cpp")).read()
+    flags = ("-O1", "-U_FORTIFY_SOURCE", "-DPAGED_ATTN_CUDA_HOST_SIM",
+             *(f"-D{d}" for d in defines))
+    return host_cpp.build(tmp, driver, source, flags=flags,
+                          includes=(host_cpp.TESTS, os.path.join(host_cpp.TESTS, "cuda_sim"),
+                                    cuda_include))
+
+
+def _simulate(tmp, cases, all_shapes=False):
+    """{(case, kernel, mode): (status, note)} of one driver run over `cases` and KERNELS."""
+    exe = _build(tmp, "driver", *(("PAGED_ATTN_SIM_ALL_SHAPES",) if all_shapes else ()))
     case_dir = tmp / "cases"
     cross.write_cases(str(case_dir), cases)
     run = subprocess.run([exe, str(case_dir), *KERNELS], capture_output=True, text=True,
@@ -243,14 +248,7 @@ def _read_back(path, like):
 
 
 def test_cache_writes_match_the_oracle_in_simulation(tmp_path):
-    cuda_include = _cuda_include_dir()
-    if cuda_include is None:
-        pytest.skip("no CUDA toolkit headers (cuda_fp16.h): the kernels need them to compile")
-    source = open(os.path.join(host_cpp.TESTS, "cuda_sim", "cache_driver.cpp")).read()
-    exe = host_cpp.build(tmp_path, "cache_driver", source,
-                         flags=("-O1", "-U_FORTIFY_SOURCE", "-DPAGED_ATTN_CUDA_HOST_SIM"),
-                         includes=(host_cpp.TESTS, os.path.join(host_cpp.TESTS, "cuda_sim"),
-                                   cuda_include))
+    exe = _build(tmp_path, "cache_driver")
     cases = []
     for i, (dtype, kv, layout) in enumerate(CACHE_CASES):
         args, want = _cache_case(i, dtype, kv, layout)

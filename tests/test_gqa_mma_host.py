@@ -50,12 +50,7 @@ HOST_PROGRAM = textwrap.dedent(r"""
         u += 0x7fffu + ((u >> 16) & 1u);
         return static_cast<uint16_t>(u >> 16);
       }
-      static float to(uint16_t h) {
-        const uint32_t u = static_cast<uint32_t>(h) << 16;
-        float f;
-        std::memcpy(&f, &u, 4);
-        return f;
-      }
+      static float to(uint16_t h) { return mma_layout::decode_bf16(h); }
     };
     struct F16 {
       static constexpr const char* name = "fp16";
@@ -65,11 +60,7 @@ HOST_PROGRAM = textwrap.dedent(r"""
         std::memcpy(&u, &h, 2);
         return u;
       }
-      static float to(uint16_t u) {
-        _Float16 h;
-        std::memcpy(&h, &u, 2);
-        return static_cast<float>(h);
-      }
+      static float to(uint16_t u) { return mma_layout::decode_f16(u); }
     };
 
     // What the 32 lanes publish for an exchange.

@@ -19,15 +19,6 @@
 namespace paged_attn {
 namespace cuda {
 
-template <ScalarKind kScalar>
-struct ScalarOf;
-template <>
-struct ScalarOf<ScalarKind::kFloat32> { using type = float; };
-template <>
-struct ScalarOf<ScalarKind::kFloat16> { using type = __half; };
-template <>
-struct ScalarOf<ScalarKind::kBFloat16> { using type = __nv_bfloat16; };
-
 // Both attention kernels' grid (num_seqs, num_kv_heads, partitions) and template shape:
 // launch(grid, IntC<kDimsPerLane>, IntC<kHeadTile>) for p's head size and GQA ratio.
 template <typename Launch>

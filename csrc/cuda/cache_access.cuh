@@ -29,6 +29,16 @@ struct CacheElement {
   using type = typename std::conditional<kCache == CacheKind::kAuto, Scalar, uint8_t>::type;
 };
 
+// The query's scalar type of a ScalarKind.
+template <ScalarKind kScalar>
+struct ScalarOf;
+template <>
+struct ScalarOf<ScalarKind::kFloat32> { using type = float; };
+template <>
+struct ScalarOf<ScalarKind::kFloat16> { using type = __half; };
+template <>
+struct ScalarOf<ScalarKind::kBFloat16> { using type = __nv_bfloat16; };
+
 // ---- scalar <-> float ----
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }

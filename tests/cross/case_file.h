@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -30,18 +31,18 @@ struct Case {
   float k_scale = 1, v_scale = 1, atol = 0, rtol = 0;
 };
 
-[[noreturn]] void die(const std::string& msg) {
+[[noreturn]] inline void die(const std::string& msg) {
   std::fprintf(stderr, "driver: %s\n", msg.c_str());
   std::exit(2);
 }
 
 template <typename T>
-void read_into(std::ifstream& f, std::vector<T>& v, int64_t n, const std::string& path) {
+inline void read_into(std::ifstream& f, std::vector<T>& v, int64_t n, const std::string& path) {
   v.resize(n);
   if (!f.read(reinterpret_cast<char*>(v.data()), n * sizeof(T))) die(path + ": truncated");
 }
 
-Case read_case(const std::string& path) {
+inline Case read_case(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   char magic[8];
   int64_t h[26];
@@ -88,6 +89,16 @@ Case read_case(const std::string& path) {
   p.alibi_slopes = h[10] ? c.alibi.data() : nullptr;
   for (int s = 0; s < p.num_seqs; ++s) p.max_seq_len = std::max(p.max_seq_len, c.lens[s]);
   return c;
+}
+
+// The .case files of a folder, sorted; dies when there is none.
+inline std::vector<std::string> case_paths(const std::string& dir) {
+  std::vector<std::string> paths;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().extension() == ".case") paths.push_back(e.path().string());
+  std::sort(paths.begin(), paths.end());
+  if (paths.empty()) die("no .case files in " + dir);
+  return paths;
 }
 
 }  // namespace case_file

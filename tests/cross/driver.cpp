@@ -92,11 +92,7 @@ std::string run_case(const KernelVariant& var, Case& c) {
 
 int main(int argc, char** argv) {
   if (argc < 2) die("usage: driver CASE_DIR [VARIANT...]");
-  std::vector<std::string> paths;
-  for (const auto& e : std::filesystem::directory_iterator(argv[1]))
-    if (e.path().extension() == ".case") paths.push_back(e.path().string());
-  std::sort(paths.begin(), paths.end());
-  if (paths.empty()) die(std::string("no .case files in ") + argv[1]);
+  const std::vector<std::string> paths = case_file::case_paths(argv[1]);
   std::vector<Case> cases;
   for (const auto& path : paths) cases.push_back(read_case(path));
 

@@ -18,10 +18,12 @@
 
 #include "core/kv_layout.h"
 #include "core/params.h"
+#include "cross/case_file.h"  // die, read_into
 #include "cuda/reshape_and_cache_kernel.cuh"
 
 using namespace paged_attn;
 using namespace paged_attn::cuda;
+using case_file::die;
 
 namespace {
 
@@ -34,14 +36,9 @@ enum Header {
   kKCacheBytes, kVCacheBytes, kHeaderInts
 };
 
-[[noreturn]] void die(const std::string& msg) {
-  std::fprintf(stderr, "cache_driver: %s\n", msg.c_str());
-  std::exit(2);
-}
-
 std::vector<unsigned char> read_bytes(std::ifstream& f, int64_t n, const std::string& path) {
-  std::vector<unsigned char> v(n);
-  if (!f.read(reinterpret_cast<char*>(v.data()), n)) die(path + ": truncated");
+  std::vector<unsigned char> v;
+  case_file::read_into(f, v, n, path);
   return v;
 }
 

@@ -194,17 +194,6 @@ inline unsigned char* dynamic_shared_memory() { return block()->dynamic_smem.dat
 
 // mma.sync on the host: every lane publishes its fragments, then computes its own accumulator
 // elements from all of them by the documented layouts (mma_layout.h).
-inline float decode_bf16(uint16_t bits) {
-  const uint32_t u = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline float decode_f16(uint16_t bits) {
-  __half_raw raw;
-  raw.x = bits;
-  return __half2float(__half(raw));
-}
 
 template <int kK>
 void mma(bool bf16, float c[4], const uint32_t* a, const uint32_t* b) {
@@ -214,7 +203,7 @@ void mma(bool bf16, float c[4], const uint32_t* a, const uint32_t* b) {
   std::memcpy(all_a[rank], a, sizeof(all_a[0]));
   std::memcpy(all_b[rank], b, sizeof(all_b[0]));
   sync_warp();
-  mma_layout::mma<kK>(all_a + warp0, all_b + warp0, lane, c, bf16 ? decode_bf16 : decode_f16);
+  mma_layout::mma<kK>(all_a + warp0, all_b + warp0, lane, c, bf16 ? mma_layout::decode_bf16 : mma_layout::decode_f16);
   sync_warp();
 }
 

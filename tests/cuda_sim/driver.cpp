@@ -43,28 +43,6 @@ constexpr bool simulated(int dims, int tile) {
 }
 constexpr int kSimSms = 4;  // the "GPU" the split plan sizes for: few SMs, so rows get split
 
-template <ScalarKind kScalar>
-struct ScalarOf;
-template <>
-struct ScalarOf<ScalarKind::kFloat32> { using type = float; };
-template <>
-struct ScalarOf<ScalarKind::kFloat16> { using type = __half; };
-template <>
-struct ScalarOf<ScalarKind::kBFloat16> { using type = __nv_bfloat16; };
-
-template <typename T>
-float to_f32(T v) { return static_cast<float>(v); }
-template <>
-float to_f32<__half>(__half v) { return __half2float(v); }
-template <>
-float to_f32<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T>
-T from_f32(float v) { return static_cast<T>(v); }
-template <>
-__half from_f32<__half>(float v) { return __float2half_rn(v); }
-template <>
-__nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-
 // Phase 1 (or the one pass) with the chosen kernel: "" when it ran, "tensor cores" when the mma
 // choice ran the tensor-core kernel, "error: ..." when the shape is not simulated.
 template <ScalarKind kScalar, CacheKind kCache>
@@ -109,8 +87,8 @@ std::string run_mode(const std::string& kernel, const std::string& mode, Case& c
   using Scalar = typename ScalarOf<kScalar>::type;
   PagedAttentionParams p = c.p;
   const int64_t S = p.num_seqs, H = p.num_heads, D = p.head_size;
-  std::vector<Scalar> query(c.query.size()), out(S * H * D, from_f32<Scalar>(NAN));
-  for (size_t i = 0; i < query.size(); ++i) query[i] = from_f32<Scalar>(c.query[i]);
+  std::vector<Scalar> query(c.query.size()), out(S * H * D, from_float<Scalar>(NAN));
+  for (size_t i = 0; i < query.size(); ++i) query[i] = from_float<Scalar>(c.query[i]);
   p.query = query.data();
   p.out = out.data();
   p.partition_size = 0;
@@ -128,7 +106,7 @@ std::string run_mode(const std::string& kernel, const std::string& mode, Case& c
   }
   const int64_t P = p.max_num_partitions;
   std::vector<float> exp_sums(S * H * P, NAN), max_logits(S * H * P, NAN);
-  std::vector<Scalar> tmp_out(S * H * P * D, from_f32<Scalar>(NAN));
+  std::vector<Scalar> tmp_out(S * H * P * D, from_float<Scalar>(NAN));
   p.exp_sums = exp_sums.data();
   p.max_logits = max_logits.data();
   p.tmp_out = tmp_out.data();
@@ -141,7 +119,7 @@ std::string run_mode(const std::string& kernel, const std::string& mode, Case& c
   int64_t bad = 0, worst = -1;
   double worst_excess = -1;
   for (int64_t i = 0; i < S * H * D; ++i) {
-    const double got = to_f32(out[i]), want = c.want[i];
+    const double got = to_float(out[i]), want = c.want[i];
     const double err = std::fabs(got - want), tol = c.atol + c.rtol * std::fabs(want);
     if (err <= tol) continue;  // false for NaN
     ++bad;
@@ -153,7 +131,7 @@ std::string run_mode(const std::string& kernel, const std::string& mode, Case& c
   std::snprintf(msg, sizeof msg, "%lld of %lld elements off; worst [seq %lld, head %lld, dim %lld]"
                 " got %.7g want %.7g", (long long)bad, (long long)(S * H * D),
                 (long long)(worst / D / H), (long long)(worst / D % H), (long long)(worst % D),
-                double(to_f32(out[worst])), double(c.want[worst]));
+                double(to_float(out[worst])), double(c.want[worst]));
   return msg;
 }
 
@@ -170,11 +148,7 @@ std::string run(const std::string& kernel, const std::string& mode, Case& c) {
 
 int main(int argc, char** argv) {
   if (argc < 3) die("usage: driver CASE_DIR KERNEL...");
-  std::vector<std::string> paths;
-  for (const auto& e : std::filesystem::directory_iterator(argv[1]))
-    if (e.path().extension() == ".case") paths.push_back(e.path().string());
-  std::sort(paths.begin(), paths.end());
-  if (paths.empty()) die(std::string("no .case files in ") + argv[1]);
+  const std::vector<std::string> paths = case_file::case_paths(argv[1]);
   int failed = 0, passed = 0;
   for (const auto& path : paths) {
     Case c = case_file::read_case(path);

@@ -12,11 +12,24 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 namespace mma_layout {
 
 // Decode: the float of a 16-bit element (bf16 or fp16 bits).
 using Decode = float (*)(uint16_t);
+
+inline float decode_bf16(uint16_t bits) {
+  const uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline float decode_f16(uint16_t bits) {
+  _Float16 h;
+  std::memcpy(&h, &bits, 2);
+  return static_cast<float>(h);
+}
 
 inline float element(const uint32_t* regs, int i, Decode decode) {
   const uint32_t r = regs[i / 2];
