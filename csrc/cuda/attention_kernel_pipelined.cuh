@@ -327,6 +327,14 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
   constexpr int kVVec = kElem == 4 ? 4 : 8;                           // V tokens per read
   constexpr int kVBytes = kVVec * kElem;                              // 16 or 8 bytes
   static_assert(kX % 4 == 0 && kVVec % 4 == 0 && kTile % kVVec == 0, "vector widths");
+  // the copies (issue_tile): K / token-major V rows in chunks of 16 bytes, kVecStep tokens'
+  // chunks per instruction; vLLM V in kGroups chunks per dim row, kDimStep dims per instruction
+  constexpr int kRowChunks = kMaxDims / kX;
+  constexpr int kVecStep = kWarpSize / kTile;
+  constexpr int kVecIters = (kRowChunks + kVecStep - 1) / kVecStep;
+  constexpr int kGroups = kTile / kX;
+  constexpr int kDimStep = kWarpSize / kGroups;
+  constexpr int kDimIters = (kMaxDims + kDimStep - 1) / kDimStep;
 
   PAGED_ATTN_DYNAMIC_SHARED_MEMORY(smem_raw);
   float(*smem_q)[kMaxDims] = reinterpret_cast<float(*)[kMaxDims]>(smem_raw + Cfg::kQOffset);
@@ -430,73 +438,53 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
       }
       if (lane < kTile) smem_masks[warp][slot][lane] = mask;
 
-      // K: kTile rows of num_k_vecs chunks
-      if (!token_major) {
-        // vLLM K: chunk c = (token c % kTile, vector c / kTile): a lane's token is fixed (kTile
-        // divides the warp), so its block info is fetched once
-        const int tok = lane % kTile;
-        const uint32_t tok_mask = __shfl_sync(0xffffffffu, mask, tok);
+      // K, and token-major V: lane copies chunks vec = lane / kTile + j * kVecStep of token
+      // lane % kTile, so one copy instruction of the warp covers kVecStep consecutive chunks of
+      // each of the tile's tokens (whole 32-byte sectors), a lane's token info is fetched once
+      // per tile and its source advances by a fixed step. The loops run over the
+      // instantiation's largest row (compile-time trip counts) and skip chunks past head_size.
+      // A token that is not read copies 0 bytes from the cache's first element.
+      const int tok = lane % kTile;
+      const int vec0 = lane / kTile;
+      const bool tok_read = __shfl_sync(0xffffffffu, mask, tok) != 0;
+      const int chunk_bytes = tok_read ? 16 : 0;
+      {
         const int64_t off = shfl_int64(k_off, tok);
-        unsigned char* const dst = k_dst + tok * Cfg::kKRowBytes;
-#pragma unroll 1
-        for (int vec = lane / kTile; vec < num_k_vecs; vec += kWarpSize / kTile)
-          copy16_async(dst + vec * 16,
-                       tok_mask != 0 ? static_cast<const void*>(k_head + off + vec * k_vec_stride)
-                                     : static_cast<const void*>(k_head),
-                       tok_mask != 0 ? 16 : 0);
-      } else {
-        // token-major K: chunk c = (token c / num_k_vecs, vector c % num_k_vecs)
-        const int k_chunks = kTile * num_k_vecs;
-#pragma unroll 1
-        for (int c0 = 0; c0 < k_chunks; c0 += kWarpSize) {
-          const int c = c0 + lane;
-          const int tok = (c / num_k_vecs) % kTile;
-          const int vec = c % num_k_vecs;
-          const uint32_t tok_mask = __shfl_sync(0xffffffffu, mask, tok);
-          const int64_t off = shfl_int64(k_off, tok);
-          if (c < k_chunks) {
-            const bool read = tok_mask != 0;
-            copy16_async(k_dst + tok * Cfg::kKRowBytes + vec * 16,
-                         read ? static_cast<const void*>(k_head + off + vec * kX)
-                              : static_cast<const void*>(k_head),
-                         read ? 16 : 0);
-          }
-        }
+        const CacheT* src = tok_read ? k_head + off + vec0 * k_vec_stride : k_head;
+        const int64_t src_step = tok_read ? kVecStep * k_vec_stride : 0;
+        unsigned char* const dst = k_dst + tok * Cfg::kKRowBytes + vec0 * 16;
+#pragma unroll
+        for (int j = 0; j < kVecIters; ++j, src += src_step)
+          if (vec0 + j * kVecStep < num_k_vecs)
+            copy16_async(dst + j * kVecStep * 16, src, chunk_bytes);
       }
       // V
       if (v_chunked && !token_major) {
-        // vLLM V: [dim][token] rows; chunk c = (kX tokens from (c % kGroups) * kX, dim
-        // c / kGroups): a lane's tokens are fixed, its block info fetched once
-        constexpr int kGroups = kTile / kX;  // chunks per dim row
-        const int tok = (lane % kGroups) * kX;
-        const uint32_t tok_mask = __shfl_sync(0xffffffffu, mask, tok);
+        // vLLM V: [dim][token] rows; lane copies the kX tokens from (lane % kGroups) * kX of dims
+        // lane / kGroups + j * kDimStep (the chunk's tokens share one block: block_size % kX
+        // == 0), reading only the tokens < tok_end
+        const int v_tok = (lane % kGroups) * kX;
+        const uint32_t v_mask = __shfl_sync(0xffffffffu, mask, v_tok);
+        const int64_t off = shfl_int64(v_off, v_tok);
+        const int in_range = clamp_int(tok_end - (tile0 + v_tok), 0, kX);
+        const int bytes = v_mask != 0 ? in_range * kElem : 0;
+        const int d0 = lane / kGroups;
+        const CacheT* src = bytes > 0 ? v_head + off + d0 * v_dim_stride : v_head;
+        const int64_t src_step = bytes > 0 ? kDimStep * v_dim_stride : 0;
+        unsigned char* const dst = v_dst + d0 * Cfg::kVRowBytes + v_tok * kElem;
+#pragma unroll
+        for (int j = 0; j < kDimIters; ++j, src += src_step)
+          if (d0 + j * kDimStep < head_size)
+            copy16_async(dst + j * kDimStep * Cfg::kVRowBytes, src, bytes);
+      } else if (v_chunked) {  // token-major V: [token][dim] rows, as K
         const int64_t off = shfl_int64(v_off, tok);
-        // the chunk's tokens share one block (block_size % kX == 0); read only those < tok_end
-        const int in_range = clamp_int(tok_end - (tile0 + tok), 0, kX);
-        const int bytes = tok_mask != 0 ? in_range * kElem : 0;
-#pragma unroll 1
-        for (int d = lane / kGroups; d < head_size; d += kWarpSize / kGroups)
-          copy16_async(v_dst + d * Cfg::kVRowBytes + tok * kElem,
-                       bytes > 0 ? static_cast<const void*>(v_head + off + d * v_dim_stride)
-                                 : static_cast<const void*>(v_head),
-                       bytes);
-      } else if (v_chunked) {  // token-major V: [token][dim] rows
-        const int v_chunks = kTile * num_k_vecs;
-#pragma unroll 1
-        for (int c0 = 0; c0 < v_chunks; c0 += kWarpSize) {
-          const int c = c0 + lane;
-          const int tok = (c / num_k_vecs) % kTile;
-          const int vec = c % num_k_vecs;
-          const uint32_t tok_mask = __shfl_sync(0xffffffffu, mask, tok);
-          const int64_t off = shfl_int64(v_off, tok);
-          if (c < v_chunks) {
-            const bool read = tok_mask != 0;
-            copy16_async(v_dst + tok * Cfg::kVTokenRowBytes + vec * 16,
-                         read ? static_cast<const void*>(v_head + off + vec * kX)
-                              : static_cast<const void*>(v_head),
-                         read ? 16 : 0);
-          }
-        }
+        const CacheT* src = tok_read ? v_head + off + vec0 * kX : v_head;
+        const int64_t src_step = tok_read ? kVecStep * kX : 0;
+        unsigned char* const dst = v_dst + tok * Cfg::kVTokenRowBytes + vec0 * 16;
+#pragma unroll
+        for (int j = 0; j < kVecIters; ++j, src += src_step)
+          if (vec0 + j * kVecStep < num_k_vecs)
+            copy16_async(dst + j * kVecStep * 16, src, chunk_bytes);
       } else {  // element by element, into the form's layout (0 where not read)
         const int v_elems = kTile * head_size;
 #pragma unroll 1
