@@ -5,11 +5,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define PA_BS_HOST_DEVICE __host__ __device__ inline
-#else
-#define PA_BS_HOST_DEVICE inline
-#endif
+#include "host_device.h"
 
 namespace paged_attn {
 
@@ -21,11 +17,11 @@ struct BlocksparseParams {
   int64_t tp_rank = 0;            // >= 0: heads are counted across tensor-parallel ranks
 };
 
-PA_BS_HOST_DEVICE bool blocksparse_active(const BlocksparseParams& b) { return b.vert_stride > 1; }
+PA_HOST_DEVICE bool blocksparse_active(const BlocksparseParams& b) { return b.vert_stride > 1; }
 
 // (offset_h mod vert_stride) of query head `head` (this rank's numbering): the vertical pattern's
 // shift. All operands are < 2^31 (checked), reduced before multiplying: exact in 64 bits.
-PA_BS_HOST_DEVICE int64_t blocksparse_offset(const BlocksparseParams& b, int num_heads,
+PA_HOST_DEVICE int64_t blocksparse_offset(const BlocksparseParams& b, int num_heads,
                                              int num_kv_heads, int head) {
   const int64_t vs = b.vert_stride;
   const int64_t global = b.head_sliding_step >= 0
@@ -37,7 +33,7 @@ PA_BS_HOST_DEVICE int64_t blocksparse_offset(const BlocksparseParams& b, int num
 
 // Whether the head with that offset attends cache block `block` (index in the row's block
 // table) of a row of seq_len tokens (>= 1) in blocks of cache_block_size tokens.
-PA_BS_HOST_DEVICE bool blocksparse_attends(const BlocksparseParams& b, int64_t offset,
+PA_HOST_DEVICE bool blocksparse_attends(const BlocksparseParams& b, int64_t offset,
                                            int seq_len, int cache_block_size, int64_t block) {
   const int64_t k = block * cache_block_size / b.block_size;  // sparse block of its first token
   const int64_t q = (seq_len - 1) / b.block_size;             // the query's sparse block

@@ -17,13 +17,7 @@
 
 #include <cmath>
 
-#if defined(__CUDACC__) || defined(__HIPCC__)
-#define PA_HOST_DEVICE __host__ __device__ __forceinline__
-#define PA_UNROLL _Pragma("unroll")
-#else
-#define PA_HOST_DEVICE inline
-#define PA_UNROLL _Pragma("GCC unroll 8")
-#endif
+#include "host_device.h"
 
 namespace paged_attn {
 

@@ -16,7 +16,7 @@
 
 #include <cstdint>
 
-#include "compound_state.h"  // PA_HOST_DEVICE
+#include "host_device.h"
 
 namespace paged_attn {
 namespace fp8 {

@@ -73,6 +73,7 @@
 #include <type_traits>
 
 #include "../core/compound_state.h"
+#include "../core/fast_divmod.h"
 #include "../core/params.h"
 #include "attention_kernel.cuh"  // quiet_nan, attending_heads
 #include "cache_access.cuh"
@@ -90,12 +91,32 @@ namespace cuda {
 
 // ---- cp.async (sm_80+), with a synchronous equivalent below sm_80 ----
 
+// A shared-memory destination of the copies: on sm_80+ its 32-bit shared-window address,
+// converted from the generic pointer once (a copy's address is then a register plus an
+// immediate), elsewhere the generic pointer.
+struct SharedDst {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint32_t addr;
+  __device__ __forceinline__ static SharedDst of(void* p) {
+    return SharedDst{static_cast<uint32_t>(__cvta_generic_to_shared(p))};
+  }
+  __device__ __forceinline__ SharedDst operator+(int bytes) const {
+    return SharedDst{addr + static_cast<uint32_t>(bytes)};
+  }
+#else
+  unsigned char* ptr;
+  __device__ __forceinline__ static SharedDst of(void* p) {
+    return SharedDst{static_cast<unsigned char*>(p)};
+  }
+  __device__ __forceinline__ SharedDst operator+(int bytes) const { return SharedDst{ptr + bytes}; }
+#endif
+};
+
 // Copies 16 bytes from global `src` to shared `dst` (both 16-byte aligned); only the first
 // src_bytes (0..16) are read, the rest of the 16 are zero-filled.
-__device__ __forceinline__ void copy16_async(void* dst, const void* src, int src_bytes) {
+__device__ __forceinline__ void copy16_async(SharedDst dst, const void* src, int src_bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const uint32_t dst_addr = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst_addr), "l"(src),
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst.addr), "l"(src),
                "r"(src_bytes));
 #else
   uint4 value = make_uint4(0u, 0u, 0u, 0u);
@@ -105,7 +126,7 @@ __device__ __forceinline__ void copy16_async(void* dst, const void* src, int src
     unsigned char* bytes = reinterpret_cast<unsigned char*>(&value);
     for (int i = 0; i < src_bytes; ++i) bytes[i] = static_cast<const unsigned char*>(src)[i];
   }
-  *static_cast<uint4*>(dst) = value;
+  *reinterpret_cast<uint4*>(dst.ptr) = value;
 #endif
 }
 
@@ -359,6 +380,7 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
   const int seq_len = p.seq_lens[seq];
   unsigned char* const ring = smem_raw + Cfg::kRingOffset +
                               static_cast<int64_t>(warp) * kStages * Cfg::kStageBytes;
+  const SharedDst ring_dst = SharedDst::of(ring);  // the copies' destination (ring)
 
   // ---- row validity: as the baseline (NOTE at the top of attention_kernel.cuh) ----
   int tok_begin = 0, tok_end = 0;
@@ -385,6 +407,7 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
                                      : block_size % kX == 0;
   const int num_k_vecs = head_size / kX;  // 16-byte chunks per token row (K, token-major V)
   const CudaShuffleXor<kWarpSize> shuffle;
+  const FastDivmod block_divider(block_size);  // token -> (block-table entry, slot in the block)
   bool bad_block = false;
 
   // tiles of this warp: tok_begin + (warp + kNumWarps * m) * kTile, m < warp_tiles
@@ -420,20 +443,25 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
       const int tile0 = tok_begin + (warp + kNumWarps * m) * kTile;
       unsigned char* const k_dst = ring + slot * Cfg::kStageBytes;
       unsigned char* const v_dst = k_dst + Cfg::kKTileBytes;
+      const SharedDst k_copy_dst = ring_dst + slot * Cfg::kStageBytes;
+      const SharedDst v_copy_dst = k_copy_dst + Cfg::kKTileBytes;
       // lanes < kTile: token tile0 + lane's block, head mask and K / V offsets
       uint32_t mask = 0;  // 0: the token is not read (past the range, bad id, not attended)
       int64_t k_off = 0, v_off = 0;
       const int t = tile0 + lane;
       if (lane < kTile && t < tok_end) {
-        const int64_t block_id = table_row[t / block_size];
+        int table_index, in_block;
+        block_divider.divmod(t, table_index, in_block);
+        const int64_t block_id = table_row[table_index];
         if (block_id < 0 || block_id >= p.num_blocks) {
           bad_block = true;  // never dereferenced
         } else {
           mask = attending_heads<kHeadTile>(p, smem_sparse_offset, num_tile_heads, seq_len,
-                                            t / block_size);
-          const int64_t in_block = t % block_size;
-          k_off = block_id * p.k_layout.block_stride + in_block * p.k_layout.token_stride;
-          v_off = block_id * p.v_layout.block_stride + in_block * p.v_layout.token_stride;
+                                            table_index);
+          k_off = block_id * p.k_layout.block_stride +
+                  static_cast<int64_t>(in_block) * p.k_layout.token_stride;
+          v_off = block_id * p.v_layout.block_stride +
+                  static_cast<int64_t>(in_block) * p.v_layout.token_stride;
         }
       }
       if (lane < kTile) smem_masks[warp][slot][lane] = mask;
@@ -452,7 +480,7 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
         const int64_t off = shfl_int64(k_off, tok);
         const CacheT* src = tok_read ? k_head + off + vec0 * k_vec_stride : k_head;
         const int64_t src_step = tok_read ? kVecStep * k_vec_stride : 0;
-        unsigned char* const dst = k_dst + tok * Cfg::kKRowBytes + vec0 * 16;
+        const SharedDst dst = k_copy_dst + (tok * Cfg::kKRowBytes + vec0 * 16);
 #pragma unroll
         for (int j = 0; j < kVecIters; ++j, src += src_step)
           if (vec0 + j * kVecStep < num_k_vecs)
@@ -471,7 +499,7 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
         const int d0 = lane / kGroups;
         const CacheT* src = bytes > 0 ? v_head + off + d0 * v_dim_stride : v_head;
         const int64_t src_step = bytes > 0 ? kDimStep * v_dim_stride : 0;
-        unsigned char* const dst = v_dst + d0 * Cfg::kVRowBytes + v_tok * kElem;
+        const SharedDst dst = v_copy_dst + (d0 * Cfg::kVRowBytes + v_tok * kElem);
 #pragma unroll
         for (int j = 0; j < kDimIters; ++j, src += src_step)
           if (d0 + j * kDimStep < head_size)
@@ -480,7 +508,7 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
         const int64_t off = shfl_int64(v_off, tok);
         const CacheT* src = tok_read ? v_head + off + vec0 * kX : v_head;
         const int64_t src_step = tok_read ? kVecStep * kX : 0;
-        unsigned char* const dst = v_dst + tok * Cfg::kVTokenRowBytes + vec0 * 16;
+        const SharedDst dst = v_copy_dst + (tok * Cfg::kVTokenRowBytes + vec0 * 16);
 #pragma unroll
         for (int j = 0; j < kVecIters; ++j, src += src_step)
           if (vec0 + j * kVecStep < num_k_vecs)
