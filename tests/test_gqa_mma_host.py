@@ -175,7 +175,10 @@ HOST_PROGRAM = textwrap.dedent(r"""
               const int token = tile * kTile + tok;
               return (attends[token] >> h) & 1u ? dot * scale : -INFINITY;
             };
-            w.tile(ops, head_size, k_pair, v_pair, logit);
+            const FragmentsFromPairs<decltype(k_pair), decltype(v_pair)> frags{w.g, w.t, k_pair, v_pair};
+            w.tile(ops, head_size,
+                   [&](int b, int s, uint32_t kb[4]) { frags.k_frags(b, s, kb); },
+                   [&](int b, int s, uint32_t va[4]) { frags.v_frags(b, s, va); }, logit);
           }
           const SoftmaxStats s = w.head_stats(ops);
           if (lane % 4 == 0) stats[w.g] = s;

@@ -91,30 +91,32 @@ namespace cuda {
 
 // ---- cp.async (sm_80+), with a synchronous equivalent below sm_80 ----
 
-// A shared-memory destination of the copies: on sm_80+ its 32-bit shared-window address,
-// converted from the generic pointer once (a copy's address is then a register plus an
-// immediate), elsewhere the generic pointer.
-struct SharedDst {
+// A position in shared memory for the copies and ldmatrix: on sm_80+ its 32-bit shared-window
+// address, converted from the generic pointer once (an instruction's address is then a register
+// plus an immediate), elsewhere the generic pointer.
+struct SharedAddress {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   uint32_t addr;
-  __device__ __forceinline__ static SharedDst of(void* p) {
-    return SharedDst{static_cast<uint32_t>(__cvta_generic_to_shared(p))};
+  __device__ __forceinline__ static SharedAddress of(void* p) {
+    return SharedAddress{static_cast<uint32_t>(__cvta_generic_to_shared(p))};
   }
-  __device__ __forceinline__ SharedDst operator+(int bytes) const {
-    return SharedDst{addr + static_cast<uint32_t>(bytes)};
+  __device__ __forceinline__ SharedAddress operator+(int bytes) const {
+    return SharedAddress{addr + static_cast<uint32_t>(bytes)};
   }
 #else
   unsigned char* ptr;
-  __device__ __forceinline__ static SharedDst of(void* p) {
-    return SharedDst{static_cast<unsigned char*>(p)};
+  __device__ __forceinline__ static SharedAddress of(void* p) {
+    return SharedAddress{static_cast<unsigned char*>(p)};
   }
-  __device__ __forceinline__ SharedDst operator+(int bytes) const { return SharedDst{ptr + bytes}; }
+  __device__ __forceinline__ SharedAddress operator+(int bytes) const {
+    return SharedAddress{ptr + bytes};
+  }
 #endif
 };
 
 // Copies 16 bytes from global `src` to shared `dst` (both 16-byte aligned); only the first
 // src_bytes (0..16) are read, the rest of the 16 are zero-filled.
-__device__ __forceinline__ void copy16_async(SharedDst dst, const void* src, int src_bytes) {
+__device__ __forceinline__ void copy16_async(SharedAddress dst, const void* src, int src_bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst.addr), "l"(src),
                "r"(src_bytes));
@@ -127,6 +129,31 @@ __device__ __forceinline__ void copy16_async(SharedDst dst, const void* src, int
     for (int i = 0; i < src_bytes; ++i) bytes[i] = static_cast<const unsigned char*>(src)[i];
   }
   *reinterpret_cast<uint4*>(dst.ptr) = value;
+#endif
+}
+
+// ldmatrix .m8n8 .x4 .b16 (sm_80+ here): four 8 x 8 matrices of 16-bit elements from shared
+// memory, lane l giving the address of row l % 8 of matrix l / 8 (16-byte aligned); r[j] of lane
+// l gets row l / 4, elements 2 (l % 4) and 2 (l % 4) + 1 of matrix j, the first in the low half
+// (kTrans: of the transposed matrix, i.e. elements [2 (l % 4)][l / 4] and [2 (l % 4) + 1][l / 4]).
+template <bool kTrans>
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], SharedAddress row) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (kTrans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(row.addr)
+                 : "memory");
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(row.addr)
+                 : "memory");
+  }
+#elif defined(PAGED_ATTN_CUDA_HOST_SIM)  // tests/cuda_sim: the documented fragment layout
+  cuda_sim::ldmatrix_x4(kTrans, r, row.ptr);
+#else
+  __trap();  // never launched below sm_80 (kernel_choice.h)
 #endif
 }
 
@@ -380,7 +407,7 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
   const int seq_len = p.seq_lens[seq];
   unsigned char* const ring = smem_raw + Cfg::kRingOffset +
                               static_cast<int64_t>(warp) * kStages * Cfg::kStageBytes;
-  const SharedDst ring_dst = SharedDst::of(ring);  // the copies' destination (ring)
+  const SharedAddress ring_shared = SharedAddress::of(ring);  // the copies' destination (ring)
 
   // ---- row validity: as the baseline (NOTE at the top of attention_kernel.cuh) ----
   int tok_begin = 0, tok_end = 0;
@@ -443,8 +470,8 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
       const int tile0 = tok_begin + (warp + kNumWarps * m) * kTile;
       unsigned char* const k_dst = ring + slot * Cfg::kStageBytes;
       unsigned char* const v_dst = k_dst + Cfg::kKTileBytes;
-      const SharedDst k_copy_dst = ring_dst + slot * Cfg::kStageBytes;
-      const SharedDst v_copy_dst = k_copy_dst + Cfg::kKTileBytes;
+      const SharedAddress k_copy_dst = ring_shared + slot * Cfg::kStageBytes;
+      const SharedAddress v_copy_dst = k_copy_dst + Cfg::kKTileBytes;
       // lanes < kTile: token tile0 + lane's block, head mask and K / V offsets
       uint32_t mask = 0;  // 0: the token is not read (past the range, bad id, not attended)
       int64_t k_off = 0, v_off = 0;
@@ -480,7 +507,7 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
         const int64_t off = shfl_int64(k_off, tok);
         const CacheT* src = tok_read ? k_head + off + vec0 * k_vec_stride : k_head;
         const int64_t src_step = tok_read ? kVecStep * k_vec_stride : 0;
-        const SharedDst dst = k_copy_dst + (tok * Cfg::kKRowBytes + vec0 * 16);
+        const SharedAddress dst = k_copy_dst + (tok * Cfg::kKRowBytes + vec0 * 16);
 #pragma unroll
         for (int j = 0; j < kVecIters; ++j, src += src_step)
           if (vec0 + j * kVecStep < num_k_vecs)
@@ -499,7 +526,7 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
         const int d0 = lane / kGroups;
         const CacheT* src = bytes > 0 ? v_head + off + d0 * v_dim_stride : v_head;
         const int64_t src_step = bytes > 0 ? kDimStep * v_dim_stride : 0;
-        const SharedDst dst = v_copy_dst + (d0 * Cfg::kVRowBytes + v_tok * kElem);
+        const SharedAddress dst = v_copy_dst + (d0 * Cfg::kVRowBytes + v_tok * kElem);
 #pragma unroll
         for (int j = 0; j < kDimIters; ++j, src += src_step)
           if (d0 + j * kDimStep < head_size)
@@ -508,7 +535,7 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
         const int64_t off = shfl_int64(v_off, tok);
         const CacheT* src = tok_read ? v_head + off + vec0 * kX : v_head;
         const int64_t src_step = tok_read ? kVecStep * kX : 0;
-        const SharedDst dst = v_copy_dst + (tok * Cfg::kVTokenRowBytes + vec0 * 16);
+        const SharedAddress dst = v_copy_dst + (tok * Cfg::kVTokenRowBytes + vec0 * 16);
 #pragma unroll
         for (int j = 0; j < kVecIters; ++j, src += src_step)
           if (vec0 + j * kVecStep < num_k_vecs)
@@ -589,6 +616,34 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
 
       if constexpr (kMma) {
         const uint32_t* const tile_masks = smem_masks[warp][slot];
+        auto logit = [&](int head, int tok, float dot) {  // head is this lane's mma.g
+          return head < num_tile_heads && ((tile_masks[tok] >> head) & 1u)
+                     ? dot * qk_scale + mma_slope * static_cast<float>(tile0 + tok - seq_len + 1)
+                     : -INFINITY;
+        };
+        if constexpr (std::is_same<CacheT, Scalar>::value) {
+          // 16-bit cache: the fragments by ldmatrix, one x4 per two 16-dim slices (GqaMmaWarp's
+          // k_frags / v_frags: matrix j of the x4 is register j); lane gives row lane % 8 of
+          // matrix lane / 8
+          const SharedAddress k_stage = ring_shared + slot * Cfg::kStageBytes;
+          const SharedAddress v_stage = k_stage + Cfg::kKTileBytes;
+          const int row = lane % 8, matrix = lane / 8;
+          auto k_frags = [&](int b, int s, uint32_t kb[4]) {  // K rows: token 8b + row, dims
+            ldmatrix_x4<false>(kb, k_stage + ((8 * b + row) * Cfg::kKRowBytes +  // 16s + 8 matrix..
+                                              (16 * s + 8 * matrix) * kElem));
+          };
+          auto v_frags = [&](int b, int s, uint32_t va[4]) {
+            if (token_major)  // [token][dim] rows, transposed: token 8b + row, dims 16s + 8 matrix..
+              ldmatrix_x4<true>(va, v_stage + ((8 * b + row) * Cfg::kVTokenRowBytes +
+                                               (16 * s + 8 * matrix) * kElem));
+            else  // vLLM [dim][token] rows: dim 16s + lane, tokens 8b..
+              ldmatrix_x4<false>(va, v_stage + ((16 * s + lane) * Cfg::kVRowBytes + 8 * b * kElem));
+          };
+          mma.tile(mma_ops, head_size, k_frags, v_frags, logit);
+          __syncwarp();  // NOTE: the slot is rewritten only after every lane read it
+          continue;
+        }
+        // fp8 cache: each lane decodes its own element pairs
         const CacheT* const k_rows = reinterpret_cast<const CacheT*>(k_src);
         const CacheT* const v_rows = reinterpret_cast<const CacheT*>(v_src);
         auto k_pair = [&](int tok, int d) {
@@ -603,12 +658,11 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
           return mma_adjacent_pair<Scalar>(v_rows + d * (Cfg::kVRowBytes / kElem) + tok, e5m2,
                                            mma_ops);
         };
-        auto logit = [&](int head, int tok, float dot) {  // head is this lane's mma.g
-          return head < num_tile_heads && ((tile_masks[tok] >> head) & 1u)
-                     ? dot * qk_scale + mma_slope * static_cast<float>(tile0 + tok - seq_len + 1)
-                     : -INFINITY;
-        };
-        mma.tile(mma_ops, head_size, k_pair, v_pair, logit);
+        const FragmentsFromPairs<decltype(k_pair), decltype(v_pair)> frags{mma.g, mma.t, k_pair,
+                                                                            v_pair};
+        mma.tile(
+            mma_ops, head_size, [&](int b, int s, uint32_t kb[4]) { frags.k_frags(b, s, kb); },
+            [&](int b, int s, uint32_t va[4]) { frags.v_frags(b, s, va); }, logit);
         __syncwarp();  // NOTE: the slot is rewritten only after every lane read it
         continue;
       }

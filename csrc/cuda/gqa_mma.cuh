@@ -87,17 +87,22 @@ PA_UNROLL
     }
   }
 
-  // One tile. head_size <= kMaxDims, even. Functors:
-  //   k_pair(token, dim) -> the 16-bit pair K[token][dim], K[token][dim + 1] (dim < head_size)
-  //   v_pair(dim, token) -> the 16-bit pair V[token][dim], V[token + 1][dim] (dim < kMaxDims:
-  //                         dims at or past head_size may hold anything; they reach only
-  //                         accumulator rows that are never read)
+  // One tile. head_size <= kMaxDims, even. Functors (s even: slices s and s + 1, kSteps is even):
+  //   k_frags(block, s, uint32_t kb[4]) -> the B fragments of K for slices s, s + 1 of 8-token
+  //       block `block`: kb[2j + i] = the 16-bit pair K[8 block + g][d], K[8 block + g][d + 1]
+  //       with d = 16 (s + j) + 2t + 8i (pairs at or past head_size may hold anything: they are
+  //       replaced by zeros here)
+  //   v_frags(block, s, uint32_t va[4]) -> the A fragments of V^T for slices s, s + 1:
+  //       va[2j + i] = the pair V[8 block + 2t][d], V[8 block + 2t + 1][d] with
+  //       d = 16 (s + j) + g + 8i (dims at or past head_size may hold anything; they reach only
+  //       accumulator rows that are never read)
   //   logit(head, token, dot) -> the logit of q[head] . k[token] = dot (fp32), or -inf where the
   //                         head does not attend the token (head is always this lane's g)
   // Tokens with a -inf logit for every head must still read as finite V (0 in shared memory):
-  // 0 * NaN would reach the accumulator.
-  template <typename KPair, typename VPair, typename Logit>
-  PA_HOST_DEVICE void tile(const Ops& ops, int head_size, KPair k_pair, VPair v_pair,
+  // 0 * NaN would reach the accumulator. The kernel loads the fragments with ldmatrix (16-bit
+  // caches) or builds them from element pairs (fragments_from_pairs below).
+  template <typename KFrags, typename VFrags, typename Logit>
+  PA_HOST_DEVICE void tile(const Ops& ops, int head_size, KFrags k_frags, VFrags v_frags,
                            Logit logit) {
     // ---- QK: S[g][8b + 2t + i] = logit[b][i] ----
     float logits[kBlocks][2];
@@ -105,13 +110,19 @@ PA_UNROLL
     for (int b = 0; b < kBlocks; ++b) {
       float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 PA_UNROLL
-      for (int s = 0; s < kSteps; ++s) {
+      for (int s = 0; s < kSteps; s += 2) {
         if (16 * s >= head_size) break;  // the same on every lane
-        const int d = 16 * s + 2 * t;
-        const uint32_t kb[2] = {d < head_size ? k_pair(8 * b + g, d) : 0u,
-                                d + 8 < head_size ? k_pair(8 * b + g, d + 8) : 0u};
-        const uint32_t qa[4] = {q[s][0], 0u, q[s][1], 0u};
-        ops.mma16816(c, qa, kb);
+        uint32_t kb[4];
+        k_frags(b, s, kb);
+PA_UNROLL
+        for (int r = 0; r < 4; ++r)  // r = 2j + i: dim 16 (s + j) + 8i + 2t
+          if (16 * s + 16 * (r / 2) + 8 * (r % 2) + 2 * t >= head_size) kb[r] = 0u;
+        const uint32_t qa0[4] = {q[s][0], 0u, q[s][1], 0u};
+        ops.mma16816(c, qa0, kb);
+        if (16 * (s + 1) < head_size) {
+          const uint32_t qa1[4] = {q[s + 1][0], 0u, q[s + 1][1], 0u};
+          ops.mma16816(c, qa1, kb + 2);
+        }
       }
       logits[b][0] = logit(g, 8 * b + 2 * t, c[0]);
       logits[b][1] = logit(g, 8 * b + 2 * t + 1, c[1]);
@@ -154,11 +165,12 @@ PA_UNROLL
     for (int b = 0; b < kBlocks; ++b) {
       const uint32_t pb = ops.pack(probs[b][0], probs[b][1]);  // B: tokens 2t, 2t+1 of head g
 PA_UNROLL
-      for (int s = 0; s < kSteps; ++s) {
+      for (int s = 0; s < kSteps; s += 2) {
         if (16 * s >= head_size) break;  // the same on every lane
-        const uint32_t va[2] = {v_pair(16 * s + g, 8 * b + 2 * t),
-                                v_pair(16 * s + g + 8, 8 * b + 2 * t)};
+        uint32_t va[4];
+        v_frags(b, s, va);
         ops.mma1688(acc[s], va, pb);
+        if (16 * (s + 1) < head_size) ops.mma1688(acc[s + 1], va + 2, pb);
       }
     }
   }
@@ -173,6 +185,26 @@ PA_UNROLL
   // The accumulator element i of slice s holds output (dim, head) = (out_dim(s, i), out_head(i)).
   PA_HOST_DEVICE int out_dim(int s, int i) const { return 16 * s + g + 8 * (i / 2); }
   PA_HOST_DEVICE int out_head(int i) const { return 2 * t + i % 2; }
+};
+
+// tile's fragment functors built from element-pair reads, each lane reading its own pairs (the
+// pipelined kernel's fp8 caches, the host test):
+//   k_pair(token, dim) -> the pair K[token][dim], K[token][dim + 1]
+//   v_pair(dim, token) -> the pair V[token][dim], V[token + 1][dim]
+// for this lane's (g, t) = (lane / 4, lane % 4); every dim < kMaxDims is read.
+template <typename KPair, typename VPair>
+struct FragmentsFromPairs {
+  int g, t;
+  KPair k_pair;
+  VPair v_pair;
+  PA_HOST_DEVICE void k_frags(int block, int s, uint32_t kb[4]) const {
+PA_UNROLL
+    for (int r = 0; r < 4; ++r) kb[r] = k_pair(8 * block + g, 16 * (s + r / 2) + 8 * (r % 2) + 2 * t);
+  }
+  PA_HOST_DEVICE void v_frags(int block, int s, uint32_t va[4]) const {
+PA_UNROLL
+    for (int r = 0; r < 4; ++r) va[r] = v_pair(16 * (s + r / 2) + 8 * (r % 2) + g, 8 * block + 2 * t);
+  }
 };
 
 }  // namespace paged_attn

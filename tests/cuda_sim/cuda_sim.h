@@ -7,10 +7,10 @@
 // order of their barriers (a barrier some threads skip deadlocks here and is reported). What it
 // does not: anything about the hardware: cp.async is the kernels' own synchronous fallback (no
 // in-flight copies, so a missing wait cannot show), memory is sequentially consistent, mma.sync
-// is mma_layout.h's reading of the PTX ISA, timing is meaningless.
+// and ldmatrix are mma_layout.h's reading of the PTX ISA, timing is meaningless.
 //
 // Include this before any kernel header, with PAGED_ATTN_CUDA_HOST_SIM defined (the kernels'
-// two hooks: dynamic shared memory and mma.sync).
+// two hooks: dynamic shared memory and mma.sync / ldmatrix).
 #pragma once
 
 #include <setjmp.h>
@@ -204,6 +204,19 @@ void mma(bool bf16, float c[4], const uint32_t* a, const uint32_t* b) {
   std::memcpy(all_b[rank], b, sizeof(all_b[0]));
   sync_warp();
   mma_layout::mma<kK>(all_a + warp0, all_b + warp0, lane, c, bf16 ? mma_layout::decode_bf16 : mma_layout::decode_f16);
+  sync_warp();
+}
+
+// ldmatrix .x4 on the host: every lane publishes its row address (16-byte aligned), then takes
+// its register of each matrix j (rows from lanes 8j..8j+7) by mma_layout::ldmatrix_register.
+inline void ldmatrix_x4(bool trans, uint32_t r[4], const void* row) {
+  static const void* rows[kWarp * 4];  // per thread of the block
+  const int rank = thread_rank(), lane = rank % kWarp, warp0 = rank - lane;
+  if (rank >= kWarp * 4) fail("ldmatrix in a block of more than 128 threads");
+  if (reinterpret_cast<uintptr_t>(row) % 16 != 0) fail("ldmatrix row address not 16-byte aligned");
+  rows[rank] = row;
+  sync_warp();
+  for (int j = 0; j < 4; ++j) r[j] = mma_layout::ldmatrix_register(rows + warp0 + 8 * j, lane, trans);
   sync_warp();
 }
 

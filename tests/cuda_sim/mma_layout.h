@@ -16,6 +16,22 @@
 
 namespace mma_layout {
 
+// ldmatrix .m8n8 .b16 ("Warp-level matrix load instruction: ldmatrix"): of the 8 x 8 matrix of
+// 16-bit elements whose row r starts at rows[r], lane l holds row l / 4, elements 2 (l % 4) and
+// 2 (l % 4) + 1, the first in the low half; .trans: the same of the transposed matrix, i.e.
+// elements [2 (l % 4)][l / 4] and [2 (l % 4) + 1][l / 4].
+inline uint32_t ldmatrix_register(const void* const* rows, int lane, bool trans) {
+  auto at = [&](int r, int c) {
+    uint16_t v;
+    std::memcpy(&v, static_cast<const unsigned char*>(rows[r]) + 2 * c, 2);
+    return static_cast<uint32_t>(v);
+  };
+  const int g = lane / 4, t = lane % 4;
+  const uint32_t lo = trans ? at(2 * t, g) : at(g, 2 * t);
+  const uint32_t hi = trans ? at(2 * t + 1, g) : at(g, 2 * t + 1);
+  return lo | (hi << 16);
+}
+
 // Decode: the float of a 16-bit element (bf16 or fp16 bits).
 using Decode = float (*)(uint16_t);
 
