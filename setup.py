@@ -101,14 +101,15 @@ def generated_cuda_sources() -> list:
 
 
 def generated_schemas_dir() -> str:
-    """build/generated/paged_attn_schemas.inc: the op schemas of paged_attention_ext/schemas.py
-    as C++ literals for csrc/ops.cpp (schemas.py loaded by path: the package may not import)."""
+    """build/generated/: the op schemas and kv_cache_dtype names of paged_attention_ext/schemas.py
+    as C++ includes for csrc/ops.cpp and csrc/torch_glue/validate.cpp (schemas.py loaded by path:
+    the package may not import)."""
     path = os.path.join(ROOT, "paged_attention_ext", "schemas.py")
     spec = importlib.util.spec_from_file_location("_paged_attn_schemas", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     out_dir = os.path.join(ROOT, "build", "generated")
-    module.write_cpp_include(os.path.join(out_dir, "paged_attn_schemas.inc"))
+    module.write_cpp_includes(out_dir)
     return out_dir
 
 

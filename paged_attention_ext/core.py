@@ -9,16 +9,14 @@ which tests/test_reference.py proves through the oracle against float64 dense at
 
 import torch
 
+from .schemas import KV_CACHE_DTYPES  # kv_cache_dtype -> cache kind, the one table
+
 _NEG_INF = float("-inf")
 
 # ---- csrc/core/params.h: the contract's constants (tests/test_core_constants.py ties them) ----
 
 PARTITION_SIZE = 512  # v2 partition length in tokens (kPartitionSize)
 
-# kv_cache_dtype string (the ops' argument) -> cache kind (CacheKind): "auto" (the cache holds
-# the query dtype) or an fp8 format (the cache holds its uint8 bytes).
-KV_CACHE_DTYPES = {"auto": "auto", "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3",
-                   "fp8_e5m2": "fp8_e5m2"}
 # fp8 cache kind -> the torch dtype its uint8 bytes are viewed as.
 FP8_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 

@@ -1,8 +1,9 @@
-"""The op schemas: THE list, for both languages.
+"""The op schemas and the kv_cache_dtype names: THE lists, for both languages.
 
 The Python side registers from it when the extension is absent; the build writes the same strings
-into build/generated/paged_attn_schemas.inc (`write_cpp_include`, called by setup.py and CMake),
-which csrc/ops.cpp defines with TORCH_LIBRARY. tests/test_registry.py checks a loaded extension
+into build/generated/paged_attn_schemas.inc (`write_cpp_includes`, called by setup.py and CMake),
+which csrc/ops.cpp defines with TORCH_LIBRARY, and the kv_cache_dtype names into
+build/generated/paged_attn_kv_cache_dtypes.inc, which csrc/torch_glue/validate.cpp parses with. tests/test_registry.py checks a loaded extension
 holds them (a stale build would not). Each op has a `.scale_tensor` overload (k_scale /
 v_scale as 1-element float32 tensors, read on the device: no host sync) and a default overload
 (Python floats). ORDER MATTERS: torch.ops overload resolution takes the first schema that
@@ -52,6 +53,14 @@ SCHEMAS = (
 )
 
 
+# kv_cache_dtype (the ops' string argument) -> cache kind: "auto" (the cache holds the query
+# dtype) or an fp8 format (the cache holds its uint8 bytes). core.cache_kind and the C++
+# validation (parse_kv_cache_dtype) both read this table.
+KV_CACHE_DTYPES = {"auto": "auto", "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3",
+                   "fp8_e5m2": "fp8_e5m2"}
+# cache kind -> its C++ enumerator (CacheKind, csrc/core/params.h)
+CACHE_KIND_ENUMERATORS = {"auto": "kAuto", "fp8_e4m3": "kFp8E4M3", "fp8_e5m2": "kFp8E5M2"}
+
 # The ops' names, each once, in registration order: what detection, `info` and `check` cover.
 OP_NAMES = tuple(dict.fromkeys(name.partition(".")[0] for name, _ in SCHEMAS))
 
@@ -70,23 +79,35 @@ def cpp_include() -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_cpp_include(path: str) -> None:
-    """Writes cpp_include() to `path`, only when its content changes (no needless rebuild)."""
+def kv_cache_dtypes_include() -> str:
+    """KV_CACHE_DTYPES as X-macro lines PAGED_ATTN_KV_CACHE_DTYPE(name, enumerator, kind)."""
+    lines = ["// Generated from paged_attention_ext/schemas.py by the build: do not edit."]
+    for name, kind in KV_CACHE_DTYPES.items():
+        lines.append(f'PAGED_ATTN_KV_CACHE_DTYPE("{name}", {CACHE_KIND_ENUMERATORS[kind]}, "{kind}")')
+    return "\n".join(lines) + "\n"
+
+
+def write_cpp_includes(out_dir: str) -> None:
+    """Writes paged_attn_schemas.inc (cpp_include()) and paged_attn_kv_cache_dtypes.inc
+    (kv_cache_dtypes_include()) into out_dir, each only when its content changes (no needless
+    rebuild)."""
     import os
 
-    text = cpp_include()
-    try:
-        with open(path) as f:
-            if f.read() == text:
-                return
-    except OSError:
-        pass
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "w") as f:
-        f.write(text)
+    os.makedirs(out_dir, exist_ok=True)
+    for name, text in (("paged_attn_schemas.inc", cpp_include()),
+                       ("paged_attn_kv_cache_dtypes.inc", kv_cache_dtypes_include())):
+        path = os.path.join(out_dir, name)
+        try:
+            with open(path) as f:
+                if f.read() == text:
+                    continue
+        except OSError:
+            pass
+        with open(path, "w") as f:
+            f.write(text)
 
 
-if __name__ == "__main__":  # python paged_attention_ext/schemas.py OUT.inc (CMake)
+if __name__ == "__main__":  # python paged_attention_ext/schemas.py OUT_DIR (CMake)
     import sys
 
-    write_cpp_include(sys.argv[1])
+    write_cpp_includes(sys.argv[1])

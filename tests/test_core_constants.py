@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import paged_attention_ext as pa
-from paged_attention_ext import core
+from paged_attention_ext import core, schemas
 
 PARAMS_H = Path(__file__).resolve().parents[1] / "csrc" / "core" / "params.h"
 
@@ -26,6 +26,11 @@ def test_cache_kinds_are_params_h_cachekind():
     body = re.search(r"enum class CacheKind\s*:\s*int\s*\{(.*?)\};", text, re.S).group(1)
     kinds = re.findall(r"k(Auto|Fp8E4M3|Fp8E5M2)\s*=", body)
     assert kinds == ["Auto", "Fp8E4M3", "Fp8E5M2"]
+    # every enumerator has exactly one kind name in the table the C++ validation is built from
+    enumerators = re.findall(r"\b(k\w+)\s*=", body)
+    assert sorted(schemas.CACHE_KIND_ENUMERATORS.values()) == sorted(enumerators)
+    assert set(schemas.CACHE_KIND_ENUMERATORS) == set(core.KV_CACHE_DTYPES.values())
+    assert core.KV_CACHE_DTYPES is schemas.KV_CACHE_DTYPES  # one table for Python and C++
     assert sorted(set(core.KV_CACHE_DTYPES.values())) == ["auto", "fp8_e4m3", "fp8_e5m2"]
     assert core.KV_CACHE_DTYPES == {"auto": "auto", "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3",
                                     "fp8_e5m2": "fp8_e5m2"}  # vLLM's strings ("fp8" is e4m3)

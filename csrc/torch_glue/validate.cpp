@@ -36,12 +36,24 @@ ScalarKind scalar_kind_of(at::ScalarType t) {
   }
 }
 
+// The kv_cache_dtype names (paged_attention_ext/schemas.py's KV_CACHE_DTYPES, written by the
+// build): name, cache kind, the kind's own name.
+struct KvCacheDtype {
+  const char* name;
+  CacheKind kind;
+  const char* kind_name;
+};
+constexpr KvCacheDtype kKvCacheDtypes[] = {
+#define PAGED_ATTN_KV_CACHE_DTYPE(name, enumerator, kind_name) \
+  {name, CacheKind::enumerator, kind_name},
+#include "paged_attn_kv_cache_dtypes.inc"
+#undef PAGED_ATTN_KV_CACHE_DTYPE
+};
+
 const char* kv_cache_dtype_name(CacheKind kind) {
-  switch (kind) {
-    case CacheKind::kFp8E4M3: return "fp8_e4m3";
-    case CacheKind::kFp8E5M2: return "fp8_e5m2";
-    default: return "auto";
-  }
+  for (const KvCacheDtype& d : kKvCacheDtypes)
+    if (d.kind == kind) return d.kind_name;
+  return "?";  // never: every CacheKind has a kind name (tests/test_core_constants.py)
 }
 
 // Sizes of the caches as the checks found them.
@@ -144,11 +156,14 @@ void check_scratch(const char* op, const at::Tensor& t, const char* name, int64_
 }  // namespace
 
 CacheKind parse_kv_cache_dtype(const char* op, const std::string& kv_cache_dtype) {
-  if (kv_cache_dtype == "auto") return CacheKind::kAuto;
-  if (kv_cache_dtype == "fp8" || kv_cache_dtype == "fp8_e4m3") return CacheKind::kFp8E4M3;
-  if (kv_cache_dtype == "fp8_e5m2") return CacheKind::kFp8E5M2;
-  PA_CHECK(false, "unknown kv_cache_dtype '", kv_cache_dtype,
-           "' (expected 'auto', 'fp8', 'fp8_e4m3' or 'fp8_e5m2')");
+  std::string expected;  // "'auto', 'fp8', 'fp8_e4m3' or 'fp8_e5m2'"
+  constexpr size_t count = sizeof(kKvCacheDtypes) / sizeof(kKvCacheDtypes[0]);
+  for (size_t i = 0; i < count; ++i) {
+    if (kv_cache_dtype == kKvCacheDtypes[i].name) return kKvCacheDtypes[i].kind;
+    expected += (i == 0 ? "'" : (i + 1 == count ? " or '" : ", '"));
+    expected += std::string(kKvCacheDtypes[i].name) + "'";
+  }
+  PA_CHECK(false, "unknown kv_cache_dtype '", kv_cache_dtype, "' (expected ", expected, ")");
   return CacheKind::kAuto;  // unreachable
 }
 
