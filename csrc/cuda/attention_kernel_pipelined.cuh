@@ -25,13 +25,15 @@
 //   pass attends; a chunk of vLLM V partly past the range reads only the tokens in the range.
 //   Tiles start at multiples of kTileTokens from the partition start (partition sizes are
 //   multiples of 32 tokens, static_assert below), so a vLLM V chunk never straddles two blocks.
-//   Lanes < kTileTokens first resolve their token's block (the one block-table read per token),
-//   its blocksparse head mask and its K / V offsets; the chunks then go to lanes so that
-//   consecutive lanes copy consecutive 16-byte runs of the cache: vLLM K: chunk i of consecutive
-//   tokens (contiguous within a cache block); vLLM V: consecutive token groups of one dim
-//   (contiguous within a block); token-major K / V: consecutive chunks of one token's row. A
-//   chunk's token info comes from its owner lane by shuffle (for vLLM caches once per tile: a
-//   lane's token is the same for all its chunks). vLLM V whose block size is not a
+//   Lanes < kTileTokens first resolve their token's block (the one block-table read per token;
+//   token -> (table entry, slot) by a launch-wide FastDivmod, no runtime division), its
+//   blocksparse head mask and its K / V offsets. For K and token-major V lane l then copies
+//   chunks l / kTileTokens + j * (32 / kTileTokens) of token l % kTileTokens, so one copy
+//   instruction covers whole 32-byte sectors of every token's row and a lane fetches its token's
+//   info by shuffle once per tile; vLLM V goes as runs of kX consecutive tokens of one dim
+//   (contiguous within a block). The copy loops have compile-time trip counts (the
+//   instantiation's largest row, chunks past head_size skipped) and a running source pointer;
+//   the ring's shared-memory address is converted once. vLLM V whose block size is not a
 //   multiple of the chunk (16 / element size tokens), and token-major V whose token stride is not
 //   16-byte aligned, are copied element by element (plain loads, no cp.async: correct, slower).
 // - Shared-memory layout of a stage: K as [kTileTokens][kKRowBytes] (one row per token: vLLM's
@@ -58,9 +60,10 @@
 // - Tensor cores (kMma: 16-bit queries, GQA tiles of 4 or 8 heads; dispatch.cuh
 //   uses_tensor_cores): QK, the softmax and P.V of the tile's heads run as GqaMmaWarp
 //   (gqa_mma.cuh) on the stage instead of the per-head FMAs above; the query stays 16-bit in
-//   registers (scale applied to the fp32 logits), K rows are padded to an odd number of 16-byte
-//   units (the B-fragment reads of 8 rows x 4 words are then conflict-free), and the warp's
-//   (max, sum) and O^T go to the same merge.
+//   registers (scale applied to the fp32 logits), the K and V fragments of 16-bit caches come
+//   by ldmatrix.x4 (fp8 caches: decoded element pairs), K and token-major V rows are padded to
+//   an odd number of 16-byte units (the 8 rows of each 8 x 8 matrix then start in 8 different
+//   bank groups), and the warp's (max, sum) and O^T go to the same merge.
 // Shared memory is dynamic (launch: cudaFuncSetAttribute above 48 KiB); PipelineConfig below
 // holds every size.
 #pragma once
