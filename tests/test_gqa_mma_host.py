@@ -6,7 +6,9 @@ Here a C++ program runs that same header in 32 threads with a policy whose MMA f
 ISA's fragment layouts for mma.m16n8k16 / mma.m16n8k8 (16-bit A and B, fp32 accumulate;
 tests/cuda_sim/mma_layout.h): every lane publishes its fragments, the full matrices are rebuilt
 from them by the documented (row, col) of each element, and each lane takes its own accumulator
-elements. So the test proves
+elements. The K and V fragments come through the header's FragmentsFromPairs (what the kernel
+uses for fp8 caches; its ldmatrix path for 16-bit caches runs in tests/test_cuda_host_sim.py).
+So the test proves
 that the header's fragment indexing agrees with the documented layouts (which elements of K, V,
 Q and P each lane feeds in) and that its softmax bookkeeping is right; what it cannot prove is
 that the GPU's mma.sync matches the documentation (tests/test_cuda_kernels.py does, on a GPU).
