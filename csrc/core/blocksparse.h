@@ -22,7 +22,7 @@ PA_HOST_DEVICE bool blocksparse_active(const BlocksparseParams& b) { return b.ve
 // (offset_h mod vert_stride) of query head `head` (this rank's numbering): the vertical pattern's
 // shift. All operands are < 2^31 (checked), reduced before multiplying: exact in 64 bits.
 PA_HOST_DEVICE int64_t blocksparse_offset(const BlocksparseParams& b, int num_heads,
-                                             int num_kv_heads, int head) {
+                                          int num_kv_heads, int head) {
   const int64_t vs = b.vert_stride;
   const int64_t global = b.head_sliding_step >= 0
                              ? b.tp_rank * num_heads + head
@@ -34,7 +34,7 @@ PA_HOST_DEVICE int64_t blocksparse_offset(const BlocksparseParams& b, int num_he
 // Whether the head with that offset attends cache block `block` (index in the row's block
 // table) of a row of seq_len tokens (>= 1) in blocks of cache_block_size tokens.
 PA_HOST_DEVICE bool blocksparse_attends(const BlocksparseParams& b, int64_t offset,
-                                           int seq_len, int cache_block_size, int64_t block) {
+                                        int seq_len, int cache_block_size, int64_t block) {
   const int64_t k = block * cache_block_size / b.block_size;  // sparse block of its first token
   const int64_t q = (seq_len - 1) / b.block_size;             // the query's sparse block
   return (k % b.vert_stride + offset) % b.vert_stride == 0 || k > q - b.local_blocks;
