@@ -25,11 +25,11 @@ struct Vec16 {
 };
 
 // 8 fp16 bit patterns (an __m128i) -> 8 floats
-inline __m256 half8(__m128i h) { return _mm256_cvtph_ps(h); }
+PA_DECODE_INLINE __m256 half8(__m128i h) { return _mm256_cvtph_ps(h); }
 
 // 8 e4m3fn bytes (low half of an __m128i) -> 8 floats: S.EEEE.MMM -> fp16 S.0EEEE.MMM0000000 is
 // the value * 2^-8 (subnormals included); times 256 in fp32 is exact. S.1111.111 is NaN.
-inline __m256 e4m3x8(__m128i bytes) {
+PA_DECODE_INLINE __m256 e4m3x8(__m128i bytes) {
   const __m128i w = _mm_cvtepu8_epi16(bytes);
   const __m128i mag = _mm_and_si128(w, _mm_set1_epi16(0x7F));
   const __m128i sign = _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8);
@@ -137,7 +137,7 @@ struct Isa : EightVecTiles {  // 16 ymm / 32 q registers: 8 Vec
 
   // 8 cache elements, all readable.
   template <typename Cache>
-  static __m256 load8_full(const typename Cache::storage* p) {
+  static PA_DECODE_INLINE __m256 load8_full(const typename Cache::storage* p) {
     if constexpr (std::is_same_v<Cache, F32>) {
       return _mm256_loadu_ps(p);
     } else if constexpr (std::is_same_v<Cache, F16>) {
@@ -155,7 +155,7 @@ struct Isa : EightVecTiles {  // 16 ymm / 32 q registers: 8 Vec
   }
   // 16 cache elements, all readable.
   template <typename Cache>
-  static Vec load_cache_full(const typename Cache::storage* p) {
+  static PA_DECODE_INLINE Vec load_cache_full(const typename Cache::storage* p) {
     return {load8_full<Cache>(p), load8_full<Cache>(p + 8)};
   }
   template <typename Cache>
@@ -166,7 +166,8 @@ struct Isa : EightVecTiles {  // 16 ymm / 32 q registers: 8 Vec
     return load_cache_full<Cache>(tmp);
   }
   template <typename Cache>
-  static Vec load_token_pair(const typename Cache::storage* p, int64_t stride, int ntok, int dims) {
+  static PA_DECODE_INLINE Vec load_token_pair(const typename Cache::storage* p, int64_t stride,
+                                             int ntok, int dims) {
     if (dims == 8 && ntok == 2) return {load8_full<Cache>(p), load8_full<Cache>(p + stride)};
     if (dims == 8 && ntok == 1) return {load8_full<Cache>(p), _mm256_setzero_ps()};
     alignas(32) typename Cache::storage tmp[16];

@@ -101,7 +101,8 @@ struct Isa {
   }
 
   template <typename Cache>
-  static Vec load_token_pair(const typename Cache::storage* p, int64_t stride, int ntok, int dims) {
+  static PA_DECODE_INLINE Vec load_token_pair(const typename Cache::storage* p, int64_t stride,
+                                             int ntok, int dims) {
     const Vec a = load_cache<Cache>(p, lane_mask(0, ntok > 0 ? dims : 0));
     const Vec b = load_cache<Cache>(ntok > 1 ? p + stride : p, lane_mask(0, ntok > 1 ? dims : 0));
     return _mm512_insertf32x8(a, _mm512_castps512_ps256(b), 1);

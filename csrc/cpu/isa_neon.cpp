@@ -20,14 +20,14 @@ struct Vec16 {
 };
 
 // 8 fp16 bit patterns -> lanes of two float32x4_t
-inline void half8(uint16x8_t h, float32x4_t* out) {
+PA_DECODE_INLINE void half8(uint16x8_t h, float32x4_t* out) {
   out[0] = vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(h)));
   out[1] = vcvt_f32_f16(vreinterpret_f16_u16(vget_high_u16(h)));
 }
 
 // 8 e4m3fn bytes -> 8 floats: S.EEEE.MMM -> fp16 S.0EEEE.MMM0000000 is the value * 2^-8
 // (subnormals included); times 256 in fp32 is exact. S.1111.111 is NaN.
-inline void e4m3x8(uint8x8_t bytes, float32x4_t* out) {
+PA_DECODE_INLINE void e4m3x8(uint8x8_t bytes, float32x4_t* out) {
   const uint16x8_t w = vmovl_u8(bytes);
   const uint16x8_t mag = vandq_u16(w, vdupq_n_u16(0x7F));
   const uint16x8_t sign = vshlq_n_u16(vandq_u16(w, vdupq_n_u16(0x80)), 8);
@@ -139,7 +139,7 @@ struct Isa : EightVecTiles {  // 16 ymm / 32 q registers: 8 Vec
 
   // 8 cache elements, all readable, into out[0], out[1].
   template <typename Cache>
-  static void load8_full(const typename Cache::storage* p, float32x4_t* out) {
+  static PA_DECODE_INLINE void load8_full(const typename Cache::storage* p, float32x4_t* out) {
     if constexpr (std::is_same_v<Cache, F32>) {
       out[0] = vld1q_f32(p);
       out[1] = vld1q_f32(p + 4);
@@ -158,7 +158,7 @@ struct Isa : EightVecTiles {  // 16 ymm / 32 q registers: 8 Vec
   }
   // 16 cache elements, all readable.
   template <typename Cache>
-  static Vec load_cache_full(const typename Cache::storage* p) {
+  static PA_DECODE_INLINE Vec load_cache_full(const typename Cache::storage* p) {
     Vec r;
     load8_full<Cache>(p, r.v);
     load8_full<Cache>(p + 8, r.v + 2);
@@ -172,7 +172,8 @@ struct Isa : EightVecTiles {  // 16 ymm / 32 q registers: 8 Vec
     return load_cache_full<Cache>(tmp);
   }
   template <typename Cache>
-  static Vec load_token_pair(const typename Cache::storage* p, int64_t stride, int ntok, int dims) {
+  static PA_DECODE_INLINE Vec load_token_pair(const typename Cache::storage* p, int64_t stride,
+                                             int ntok, int dims) {
     if (dims == 8 && ntok >= 1) {
       Vec r = zero();
       load8_full<Cache>(p, r.v);

@@ -93,7 +93,8 @@ struct Isa {
     return r;
   }
   template <typename Cache>
-  static Vec load_token_pair(const typename Cache::storage* p, int64_t stride, int ntok, int dims) {
+  static PA_DECODE_INLINE Vec load_token_pair(const typename Cache::storage* p, int64_t stride,
+                                             int ntok, int dims) {
     Vec r = zero();
     for (int k = 0; k < ntok; ++k)
       for (int i = 0; i < dims; ++i) r.v[8 * k + i] = Cache::decode(p[k * stride + i]);

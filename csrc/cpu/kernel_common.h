@@ -15,6 +15,11 @@
 #include "attention_kernel.h"
 #include "cache_element.h"
 
+// A cache decode primitive of an ISA layer (the loads that widen cache elements to fp32), always
+// inlined into the algorithm's loops: left to the inliner's size limits, which loop calls it out
+// of line would change with unrelated code of the same file.
+#define PA_DECODE_INLINE inline __attribute__((always_inline))
+
 namespace paged_attn {
 namespace cpu {
 

@@ -41,15 +41,18 @@
 //   PV      per head tile and tile of DT head dims, registers acc[g][dt] (16 token lanes each)
 //           accumulate p[g][tokens] * V[d][tokens] over all blocks of the partition; one
 //           horizontal reduction per (g, d) at the end. V rows are [block_size] contiguous per d.
-//           Token-major V (pv_tile_tokens): dims in lanes, acc[g][dt] (16 dims each) +=
-//           p[g][t] (broadcast) * V[t][16 dims], no horizontal reduction.
+//           Token-major V (pv_token_major): dims in lanes, acc[g][dt] (16 dims each) +=
+//           p[g][t] (broadcast) * V[t][16 dims], no horizontal reduction; block by block, all
+//           head tiles and dim tiles of a block before the next (its V read into L1 once), the
+//           sums kept in the output rows between blocks.
 // Slots outside [lo, hi) are masked to zero in BOTH p and V loads (0 * NaN would be NaN).
 // Blocksparse (core/blocksparse.h): blocks no head of the KV head attends leave the spans (never
 // read, logits -inf); a head's skipped blocks among the rest get -inf logits after QK.
-// Prefetch (addresses known from the block tables), all into L2: while scoring block i, block
+// Prefetch (addresses known from the block tables), into L2: while scoring block i, block
 // i + 4's K and block i's V, so PV finds the partition's V in L2; during PV, the next work item's
 // K (within an L2 budget), a few lines per step: a burst stalls on the miss buffers and leaves
 // nothing in flight during the compute (docs/history/CPU_KERNEL_LOG.md has the measurements).
+// Token-major PV also pulls the next block's V into L1, token by token.
 #ifndef PA_ISA
 #error "partition_kernel.h is included by an ISA file that defines PA_ISA and its struct Isa"
 #endif
@@ -385,26 +388,84 @@ void pv_tile(const typename Cache::storage* V, const Span* spans, int nspans, co
   }
 }
 
-// pf.step() calls of a token-major PV pass: one per token.
-inline int token_pv_steps(const Span* spans, int nspans) {
-  int steps = 0;
-  for (int i = 0; i < nspans; ++i) steps += spans[i].hi - spans[i].lo;
-  return steps;
+// Vectors of 16 dims per token-major PV pass for a tile of gt heads and nvec vectors a row:
+// the layer's register tile (pv_dims counted in vectors) unless its narrow tile divides the row
+// and the wide one does not (fewer empty vectors).
+constexpr int token_pv_vecs(int gt, int nvec) {
+  const int wide = Isa::pv_dims(gt, true), narrow = Isa::pv_dims(gt, false);
+  return nvec % wide == 0 || nvec % narrow != 0 ? wide : narrow;
 }
 
-// The token-major form of PV: a vector is 16 dims of one token's V, so the accumulators
-// acc[g][dt] hold 16 output dims each and take p[g][t] broadcast per token (no horizontal sum).
-// DT vectors (16 * DT dims) per pass; the last vectors hold head_size % 16 dims or none (masked).
-// Only the slots [lo, hi) of each block are read. pf steps once per token (a pass has few
-// blocks' worth of steps, and a burst of prefetches stalls the loop); the pass's dims of the
-// token kPvL1Ahead ahead in the block are prefetched into L1 (V is in L2 since QK).
-template <typename Cache, int GT, int DT>
-void pv_tile_tokens(const typename Cache::storage* V, const Span* spans, int nspans,
-                    const float* probs, const TaskShape& s, const float* norm, float* out,
-                    int64_t out_stride, PrefetchStream& pf) {
-  const int nvec = (s.D + 15) / 16;
+// Passes of a token-major PV head tile of gt heads over a row of nvec vectors.
+constexpr int token_pv_passes(int gt, int nvec) {
+  return (nvec + token_pv_vecs(gt, nvec) - 1) / token_pv_vecs(gt, nvec);
+}
+
+// pf.step() calls of a token-major PV: one per token, pass and head tile of G heads.
+inline int token_pv_steps(const Span* spans, int nspans, int G, int D) {
+  int passes = 0;
+  for (int g0 = 0; g0 < G;) {
+    const int gt = tile_heads(G, g0, Isa::kPvHeads);
+    passes += token_pv_passes(gt, (D + 15) / 16);
+    g0 += gt;
+  }
+  int tokens = 0;
+  for (int i = 0; i < nspans; ++i) tokens += spans[i].hi - spans[i].lo;
+  return passes * tokens;
+}
+
+// acc[g][dt] += p[g][t] * V[t][16 dims of vector dt] for the n tokens at vt (token stride
+// vstride) with probabilities at pt (head stride s.L). kFull: every vector's lanes are dims (no
+// mask test in the loop); else m[dt]. Token t also prefetches the same dims of token t at ahead
+// (the next block, n_ahead tokens; may be null) into L1.
+template <typename Cache, int GT, int DT, bool kFull>
+inline void pv_tokens(const typename Cache::storage* vt, int64_t vstride, const float* pt, int n,
+                      const TaskShape& s, const Mask (&m)[DT], Vec (&acc)[GT][DT],
+                      const typename Cache::storage* ahead, int n_ahead, PrefetchStream& pf) {
   constexpr int kPassBytes = 16 * DT * static_cast<int>(sizeof(typename Cache::storage));
-  constexpr int kPvL1Ahead = 4;
+  for (int t = 0; t < n; ++t, vt += vstride, ++pt) {
+    pf.step();
+    if (t < n_ahead) {
+      const auto* a = reinterpret_cast<const char*>(ahead + t * vstride);
+#pragma GCC unroll 8
+      for (int l = 0; l < kPassBytes; l += 64) __builtin_prefetch(a + l, 0, 3);
+    }
+    Vec pg[Isa::kProbsInRegisters ? GT : 1];  // else broadcast per use (few registers)
+    if constexpr (Isa::kProbsInRegisters) {
+#pragma GCC unroll 8
+      for (int g = 0; g < GT; ++g) pg[g] = Isa::set1(pt[g * s.L]);
+    }
+#pragma GCC unroll 8
+    for (int dt = 0; dt < DT; ++dt) {
+      const Vec vr =
+          Isa::template load_cache<Cache>(vt + 16 * dt, kFull ? Isa::lanes(0, 16) : m[dt]);
+#pragma GCC unroll 8
+      for (int g = 0; g < GT; ++g) {
+        if constexpr (Isa::kProbsInRegisters)
+          acc[g][dt] = Isa::fmadd(vr, pg[g], acc[g][dt]);
+        else
+          acc[g][dt] = Isa::fmadd(vr, Isa::set1(pt[g * s.L]), acc[g][dt]);
+      }
+    }
+  }
+}
+
+// The token-major form of PV, one block (spans[i] of nspans) for one head tile: a vector is 16
+// dims of one token's V, so the accumulators acc[g][dt] hold 16 output dims each and take
+// p[g][t] broadcast per token (no horizontal sum). DT vectors (16 * DT dims) per pass; the last
+// vectors hold head_size % 16 dims or none (masked). Between blocks the sums live in the output
+// rows out[g] (the first block starts from 0, the last one scales them by norm). Only the slots
+// [lo, hi) are read. prefetch_next: the next block's slots are prefetched into L1 alongside, pass
+// by pass.
+template <typename Cache, int GT, int DT>
+void pv_block_tokens(const typename Cache::storage* V, const Span* spans, int i, int nspans,
+                     const float* probs, const TaskShape& s, const float* norm, float* out,
+                     int64_t out_stride, bool prefetch_next, PrefetchStream& pf) {
+  const int nvec = (s.D + 15) / 16;
+  const Span& sp = spans[i];
+  const Span* next = prefetch_next && i + 1 < nspans ? &spans[i + 1] : nullptr;
+  const int n_ahead = next ? next->hi - next->lo : 0;
+  const float* pt = probs + sp.buf + sp.lo;
   for (int v0 = 0; v0 < nvec; v0 += DT) {
     Mask m[DT];
 #pragma GCC unroll 8
@@ -413,51 +474,83 @@ void pv_tile_tokens(const typename Cache::storage* V, const Span* spans, int nsp
 #pragma GCC unroll 8
     for (int g = 0; g < GT; ++g)
 #pragma GCC unroll 8
-      for (int dt = 0; dt < DT; ++dt) acc[g][dt] = Isa::zero();
-    for (int i = 0; i < nspans; ++i) {
-      const Span& sp = spans[i];
-      const auto* vt = V + sp.v_offset + sp.lo * s.v_token_stride + 16 * v0;
-      const float* pt = probs + sp.buf + sp.lo;
-      for (int t = sp.lo; t < sp.hi; ++t, vt += s.v_token_stride, ++pt) {
-        pf.step();
-        if (t + kPvL1Ahead < sp.hi) {
-          const auto* ahead = reinterpret_cast<const char*>(vt + kPvL1Ahead * s.v_token_stride);
-#pragma GCC unroll 8
-          for (int l = 0; l < kPassBytes; l += 64) __builtin_prefetch(ahead + l, 0, 3);
-        }
-        Vec pg[Isa::kProbsInRegisters ? GT : 1];  // else broadcast per use (few registers)
-        if constexpr (Isa::kProbsInRegisters) {
-#pragma GCC unroll 8
-          for (int g = 0; g < GT; ++g) pg[g] = Isa::set1(pt[g * s.L]);
-        }
-#pragma GCC unroll 8
-        for (int dt = 0; dt < DT; ++dt) {
-          const Vec vr = Isa::template load_cache<Cache>(vt + 16 * dt, m[dt]);
-#pragma GCC unroll 8
-          for (int g = 0; g < GT; ++g) {
-            if constexpr (Isa::kProbsInRegisters)
-              acc[g][dt] = Isa::fmadd(vr, pg[g], acc[g][dt]);
-            else
-              acc[g][dt] = Isa::fmadd(vr, Isa::set1(pt[g * s.L]), acc[g][dt]);
-          }
-        }
-      }
-    }
+      for (int dt = 0; dt < DT; ++dt)
+        acc[g][dt] =
+            i == 0 ? Isa::zero() : Isa::load(out + g * out_stride + 16 * (v0 + dt), m[dt]);
+    const auto* vt = V + sp.v_offset + sp.lo * s.v_token_stride + 16 * v0;
+    const auto* ahead =
+        next ? V + next->v_offset + next->lo * s.v_token_stride + 16 * v0 : nullptr;
+    if (16 * (v0 + DT) <= s.D)
+      pv_tokens<Cache, GT, DT, true>(vt, s.v_token_stride, pt, sp.hi - sp.lo, s, m, acc, ahead,
+                                     n_ahead, pf);
+    else
+      pv_tokens<Cache, GT, DT, false>(vt, s.v_token_stride, pt, sp.hi - sp.lo, s, m, acc, ahead,
+                                      n_ahead, pf);
 #pragma GCC unroll 8
     for (int g = 0; g < GT; ++g) {
-      const Vec ng = Isa::set1(norm[g]);
+      const Vec scale = Isa::set1(i + 1 == nspans ? norm[g] : 1.0f);  // done: scaled
 #pragma GCC unroll 8
       for (int dt = 0; dt < DT; ++dt)
-        Isa::store(out + g * out_stride + 16 * (v0 + dt), Isa::mul(acc[g][dt], ng), m[dt]);
+        Isa::store(out + g * out_stride + 16 * (v0 + dt), Isa::mul(acc[g][dt], scale), m[dt]);
     }
   }
 }
 
-// Vectors of 16 dims per token-major PV pass for a tile of gt heads and nvec vectors a row:
-// the layer's register tile (pv_dims counted in vectors) unless its narrow tile divides the row
-// and the wide one does not (fewer empty vectors).
-constexpr int token_pv_vecs(int wide, int narrow, int nvec) {
-  return nvec % wide == 0 || nvec % narrow != 0 ? wide : narrow;
+template <typename Cache, int GT>
+void pv_block_tile_of(const typename Cache::storage* V, const Span* spans, int i, int nspans,
+                      const float* probs, const TaskShape& s, const float* norm, float* out,
+                      int64_t out_stride, bool prefetch_next, PrefetchStream& pf) {
+  constexpr int kWide = Isa::pv_dims(GT, true), kNarrow = Isa::pv_dims(GT, false);
+  if (kWide == kNarrow || token_pv_vecs(GT, (s.D + 15) / 16) == kWide)
+    return pv_block_tokens<Cache, GT, kWide>(V, spans, i, nspans, probs, s, norm, out, out_stride,
+                                             prefetch_next, pf);
+  return pv_block_tokens<Cache, GT, kNarrow>(V, spans, i, nspans, probs, s, norm, out, out_stride,
+                                             prefetch_next, pf);
+}
+
+// Token-major PV of all G heads (out row g at out + g * out_stride, probs [G][L]): block by
+// block, every head tile and pass over the block's tokens, so a block's V slice comes into L1
+// once and serves them all (tile by tile and pass by pass over the whole partition, each would
+// bring every token's lines from L2 again). The first head tile prefetches the next block into
+// L1; pf steps once per token, pass and tile (token_pv_steps).
+template <typename Cache>
+void pv_token_major(const typename Cache::storage* V, const Span* spans, int nspans,
+                    const float* probs, const TaskShape& s, int G, const float* norm, float* out,
+                    int64_t out_stride, PrefetchStream& pf) {
+  for (int i = 0; i < nspans; ++i) {
+    for (int g0 = 0; g0 < G;) {
+      const int gt = tile_heads(G, g0, Isa::kPvHeads);
+      const float* pg = probs + static_cast<int64_t>(g0) * s.L;
+      float* og = out + g0 * out_stride;
+      const bool pf_next = g0 == 0;
+      switch (gt) {
+        case 1:
+          pv_block_tile_of<Cache, 1>(V, spans, i, nspans, pg, s, norm + g0, og, out_stride,
+                                     pf_next, pf);
+          break;
+        case 2:
+          pv_block_tile_of<Cache, 2>(V, spans, i, nspans, pg, s, norm + g0, og, out_stride,
+                                     pf_next, pf);
+          break;
+        case 3:
+          pv_block_tile_of<Cache, 3>(V, spans, i, nspans, pg, s, norm + g0, og, out_stride,
+                                     pf_next, pf);
+          break;
+        case 4:
+          if constexpr (Isa::kPvHeads >= 4)
+            pv_block_tile_of<Cache, 4>(V, spans, i, nspans, pg, s, norm + g0, og, out_stride,
+                                       pf_next, pf);
+          break;
+        default:
+          if constexpr (Isa::kPvHeads >= 6)
+            pv_block_tile_of<Cache, 6>(V, spans, i, nspans, pg, s, norm + g0, og, out_stride,
+                                       pf_next, pf);
+      }
+      g0 += gt;
+    }
+  }
+  if (nspans == 0)  // nothing read: the output is 0
+    for (int g = 0; g < G; ++g) std::fill(out + g * out_stride, out + g * out_stride + s.D, 0.0f);
 }
 
 template <typename Cache, KvForm F, int GT>
@@ -466,14 +559,8 @@ void pv_tile_of(const typename Cache::storage* V, const Span* spans, int nspans,
                 PrefetchStream& pf) {
   const bool wide = s.D % 8 == 0;
   constexpr int kWide = Isa::pv_dims(GT, true), kNarrow = Isa::pv_dims(GT, false);
-  if constexpr (F == KvForm::kTokenMajor) {
-    const int nvec = (s.D + 15) / 16;
-    if (token_pv_vecs(kWide, kNarrow, nvec) == kWide || kWide == kNarrow)
-      return pv_tile_tokens<Cache, GT, kWide>(V, spans, nspans, probs, s, norm, out, out_stride,
-                                              pf);
-    return pv_tile_tokens<Cache, GT, kNarrow>(V, spans, nspans, probs, s, norm, out, out_stride,
-                                              pf);
-  } else if constexpr (std::is_same_v<Cache, BF16Dot>) {  // probabilities in bf16, probs_to_bf16
+  static_assert(F == KvForm::kVllm, "token-major PV: pv_token_major");
+  if constexpr (std::is_same_v<Cache, BF16Dot>) {  // probabilities in bf16, probs_to_bf16
     const auto* pb = reinterpret_cast<const uint16_t*>(probs);
     if (wide && Isa::pv_dims(GT, true) == 8)
       return IsaFor<Cache>::type::template pv_bf16dot<GT, 8>(V, spans, nspans, pb, s, norm, out,
@@ -657,7 +744,8 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
   }
 
   // The next work item's K (what fits in kPrefetchBudget beside this item's V), spread over the
-  // first head tile's PV steps: memory is otherwise idle while PV reads V from L2.
+  // first head tile's PV steps (token-major: all of PV's steps, its head tiles take turns per
+  // block): memory is otherwise idle while PV reads V from L2.
   PrefetchStream pf;
   const int64_t next_k_budget = kPrefetchBudget - nspans * s.kv_bytes;
   if (next != nullptr && nspans > 0 && next_k_budget >= s.kv_bytes) {
@@ -669,22 +757,24 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
     pf.blocks = next_k;
     pf.mem = s.k_mem;
     const int first_tile = tile_heads(G, 0, Isa::kPvHeads);
-    const int dims = Isa::pv_dims(first_tile, s.D % 8 == 0);  // per pass (token-major: vectors)
     const int steps = F == KvForm::kTokenMajor
-                          ? std::max(1, (s.D + 16 * dims - 1) / (16 * dims)) *
-                                token_pv_steps(spans, nspans)
-                          : s.D / dims * nspans;
+                          ? std::max(1, token_pv_steps(spans, nspans, G, s.D))
+                          : s.D / Isa::pv_dims(first_tile, s.D % 8 == 0) * nspans;
     const int64_t lines = pf.nblocks * s.k_mem.lines();
     pf.lines_per_step = static_cast<int>((lines + steps - 1) / steps);
   }
 
   float* out = in.part_out + row0 * s.D;
   const int64_t out_stride = static_cast<int64_t>(in.num_partitions) * s.D;
-  for (int g0 = 0; g0 < G;) {
-    const int gt = tile_heads(G, g0, Isa::kPvHeads);
-    pv_heads<Cache, F>(gt, V, spans, nspans, logits + static_cast<int64_t>(g0) * s.L, s, norm + g0,
-                    out + g0 * out_stride, out_stride, pf);
-    g0 += gt;
+  if constexpr (F == KvForm::kTokenMajor) {
+    pv_token_major<Cache>(V, spans, nspans, logits, s, G, norm, out, out_stride, pf);
+  } else {
+    for (int g0 = 0; g0 < G;) {
+      const int gt = tile_heads(G, g0, Isa::kPvHeads);
+      pv_heads<Cache, F>(gt, V, spans, nspans, logits + static_cast<int64_t>(g0) * s.L, s,
+                         norm + g0, out + g0 * out_stride, out_stride, pf);
+      g0 += gt;
+    }
   }
 }
 
