@@ -506,16 +506,20 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
       const int vec0 = lane / kTile;
       const bool tok_read = __shfl_sync(0xffffffffu, mask, tok) != 0;
       const int chunk_bytes = tok_read ? 16 : 0;
-      {
-        const int64_t off = shfl_int64(k_off, tok);
-        const CacheT* src = tok_read ? k_head + off + vec0 * k_vec_stride : k_head;
-        const int64_t src_step = tok_read ? kVecStep * k_vec_stride : 0;
-        const SharedAddress dst = k_copy_dst + (tok * Cfg::kKRowBytes + vec0 * 16);
+      // this lane's chunks of token tok's row: cache row at head + off, chunk i at i *
+      // chunk_stride elements; shared-memory row at `row`
+      auto copy_token_row = [&](const CacheT* head, int64_t off, int64_t chunk_stride,
+                                SharedAddress row) {
+        const CacheT* src = tok_read ? head + off + vec0 * chunk_stride : head;
+        const int64_t src_step = tok_read ? kVecStep * chunk_stride : 0;
+        const SharedAddress dst = row + vec0 * 16;
 #pragma unroll
         for (int j = 0; j < kVecIters; ++j, src += src_step)
           if (vec0 + j * kVecStep < num_k_vecs)
             copy16_async(dst + j * kVecStep * 16, src, chunk_bytes);
-      }
+      };
+      copy_token_row(k_head, shfl_int64(k_off, tok), k_vec_stride,
+                     k_copy_dst + tok * Cfg::kKRowBytes);
       // V
       if (v_chunked && !token_major) {
         // vLLM V: [dim][token] rows; lane copies the kX tokens from (lane % kGroups) * kX of dims
@@ -535,14 +539,8 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
           if (d0 + j * kDimStep < head_size)
             copy16_async(dst + j * kDimStep * Cfg::kVRowBytes, src, bytes);
       } else if (v_chunked) {  // token-major V: [token][dim] rows, as K
-        const int64_t off = shfl_int64(v_off, tok);
-        const CacheT* src = tok_read ? v_head + off + vec0 * kX : v_head;
-        const int64_t src_step = tok_read ? kVecStep * kX : 0;
-        const SharedAddress dst = v_copy_dst + (tok * Cfg::kVTokenRowBytes + vec0 * 16);
-#pragma unroll
-        for (int j = 0; j < kVecIters; ++j, src += src_step)
-          if (vec0 + j * kVecStep < num_k_vecs)
-            copy16_async(dst + j * kVecStep * 16, src, chunk_bytes);
+        copy_token_row(v_head, shfl_int64(v_off, tok), kX,
+                       v_copy_dst + tok * Cfg::kVTokenRowBytes);
       } else {  // element by element, into the form's layout (0 where not read)
         const int v_elems = kTile * head_size;
 #pragma unroll 1
