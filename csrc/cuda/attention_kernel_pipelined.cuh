@@ -64,23 +64,26 @@
 //   by ldmatrix.x4 (fp8 caches: decoded element pairs), K and token-major V rows are padded to
 //   an odd number of 16-byte units (the 8 rows of each 8 x 8 matrix then start in 8 different
 //   bank groups), and the warp's (max, sum) and O^T go to the same merge.
-// Shared memory is dynamic (launch: cudaFuncSetAttribute above 48 KiB); PipelineConfig below
-// holds every size.
+// Shared memory is dynamic (launch: cudaFuncSetAttribute above 48 KiB); PipelineConfig
+// (pipeline_config.cuh) holds every size, shared_memory.cuh the cp.async / ldmatrix PTX,
+// mma_ops.cuh the tensor-core lane operations.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 
 #include "../core/compound_state.h"
 #include "../core/fast_divmod.h"
 #include "../core/params.h"
-#include "attention_kernel.cuh"  // quiet_nan, attending_heads
+#include "attention_kernel.cuh"  // block_token_range, attending_heads, write_head_result
 #include "cache_access.cuh"
 #include "gqa_mma.cuh"
+#include "mma_ops.cuh"
+#include "pipeline_config.cuh"
+#include "shared_memory.cuh"
 #include "warp_reduce.cuh"
 
 namespace paged_attn {
@@ -92,267 +95,10 @@ namespace cuda {
 #define PAGED_ATTN_DYNAMIC_SHARED_MEMORY(name) extern __shared__ __align__(16) unsigned char name[]
 #endif
 
-// ---- cp.async (sm_80+), with a synchronous equivalent below sm_80 ----
-
-// A position in shared memory for the copies and ldmatrix: on sm_80+ its 32-bit shared-window
-// address, converted from the generic pointer once (an instruction's address is then a register
-// plus an immediate), elsewhere the generic pointer.
-struct SharedAddress {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  uint32_t addr;
-  __device__ __forceinline__ static SharedAddress of(void* p) {
-    return SharedAddress{static_cast<uint32_t>(__cvta_generic_to_shared(p))};
-  }
-  __device__ __forceinline__ SharedAddress operator+(int bytes) const {
-    return SharedAddress{addr + static_cast<uint32_t>(bytes)};
-  }
-#else
-  unsigned char* ptr;
-  __device__ __forceinline__ static SharedAddress of(void* p) {
-    return SharedAddress{static_cast<unsigned char*>(p)};
-  }
-  __device__ __forceinline__ SharedAddress operator+(int bytes) const {
-    return SharedAddress{ptr + bytes};
-  }
-#endif
-};
-
-// Copies 16 bytes from global `src` to shared `dst` (both 16-byte aligned); only the first
-// src_bytes (0..16) are read, the rest of the 16 are zero-filled.
-__device__ __forceinline__ void copy16_async(SharedAddress dst, const void* src, int src_bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst.addr), "l"(src),
-               "r"(src_bytes));
-#else
-  uint4 value = make_uint4(0u, 0u, 0u, 0u);
-  if (src_bytes == 16) {
-    value = *static_cast<const uint4*>(src);
-  } else if (src_bytes > 0) {
-    unsigned char* bytes = reinterpret_cast<unsigned char*>(&value);
-    for (int i = 0; i < src_bytes; ++i) bytes[i] = static_cast<const unsigned char*>(src)[i];
-  }
-  *reinterpret_cast<uint4*>(dst.ptr) = value;
-#endif
-}
-
-// ldmatrix .m8n8 .x4 .b16 (sm_80+ here): four 8 x 8 matrices of 16-bit elements from shared
-// memory, lane l giving the address of row l % 8 of matrix l / 8 (16-byte aligned); r[j] of lane
-// l gets row l / 4, elements 2 (l % 4) and 2 (l % 4) + 1 of matrix j, the first in the low half
-// (kTrans: of the transposed matrix, i.e. elements [2 (l % 4)][l / 4] and [2 (l % 4) + 1][l / 4]).
-template <bool kTrans>
-__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], SharedAddress row) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if constexpr (kTrans) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(row.addr)
-                 : "memory");
-  } else {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(row.addr)
-                 : "memory");
-  }
-#elif defined(PAGED_ATTN_CUDA_HOST_SIM)  // tests/cuda_sim: the documented fragment layout
-  cuda_sim::ldmatrix_x4(kTrans, r, row.ptr);
-#else
-  __trap();  // never launched below sm_80 (kernel_choice.h)
-#endif
-}
-
-__device__ __forceinline__ void copy_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-
-// Waits until at most kPending of this thread's committed groups are still in flight.
-template <int kPending>
-__device__ __forceinline__ void copy_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-#endif
-}
-
 __device__ __forceinline__ int64_t shfl_int64(int64_t v, int src_lane) {
   const int lo = __shfl_sync(0xffffffffu, static_cast<int>(v & 0xffffffff), src_lane);
   const int hi = __shfl_sync(0xffffffffu, static_cast<int>(v >> 32), src_lane);
   return (static_cast<int64_t>(hi) << 32) | static_cast<uint32_t>(lo);
-}
-
-// Row stride in bytes for rows of `bytes` read by groups of `lanes` consecutive lanes (one row,
-// consecutive 16-byte units each), 8 lanes per shared-memory wavefront: the smallest multiple of
-// `lanes` units >= the row whose count divided by `lanes` is odd, so the 8 lanes of a wavefront
-// (8 / lanes rows) cover 8 different 16-byte bank groups. lanes >= 8: one row per wavefront.
-constexpr int conflict_free_row_bytes(int bytes, int lanes) {
-  const int units = (bytes + 15) / 16;
-  if (lanes >= 8) return units * 16;
-  const int per_lane = (units + lanes - 1) / lanes;
-  return (per_lane % 2 == 0 ? per_lane + 1 : per_lane) * lanes * 16;
-}
-constexpr int floor_pow2(int v) {
-  int p = 1;
-  while (p * 2 <= v) p *= 2;
-  return p;
-}
-// Row stride in bytes for rows of `bytes`: an odd number of 16-byte units, so that 8 rows start in
-// 8 different 16-byte bank groups (the tensor-core B fragments read 8 rows x 16 bytes at once).
-constexpr int odd_units_row_bytes(int bytes) { return (((bytes + 15) / 16) | 1) * 16; }
-constexpr int clamp_int(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
-constexpr int max_int(int a, int b) { return a > b ? a : b; }
-
-constexpr int kKTileBudget = 2048;      // bytes of K per tile at the largest head size
-constexpr int kRingBudget = 16 * 1024;  // bytes of ring per warp (3 blocks of head 128 per H200 SM)
-
-// Every size of the pipelined kernel for one instantiation (bytes unless named otherwise).
-template <typename CacheT, int kDimsPerLane, int kHeadTile, int kWarpSize, int kNumWarps,
-          bool kMma = false>
-struct PipelineConfig {
-  static constexpr int kElem = static_cast<int>(sizeof(CacheT));
-  static constexpr int kMaxDims = kDimsPerLane * kWarpSize;
-  static constexpr int kChunkElems = 16 / kElem;  // elements per 16-byte chunk
-  static constexpr int kTileTokens =
-      clamp_int(floor_pow2(kKTileBudget / (kMaxDims * kElem)), kChunkElems, kWarpSize);
-  static constexpr int kLanesPerToken = kWarpSize / kTileTokens;
-  static constexpr int kKRowBytes =  // K: one token, read by its kLanesPerToken lanes (or MMA)
-      kMma ? odd_units_row_bytes(kMaxDims * kElem)
-           : conflict_free_row_bytes(kMaxDims * kElem, kLanesPerToken);
-  static constexpr int kVRowBytes =  // vLLM V: one dim, read by one lane
-      conflict_free_row_bytes(kTileTokens * kElem, 1);
-  static constexpr int kVTokenRowBytes =  // token-major V (tensor cores: the A fragment reads
-      kMma ? odd_units_row_bytes(kMaxDims * kElem) : kMaxDims * kElem;  // 4 rows at once)
-  static constexpr int kKTileBytes = kTileTokens * kKRowBytes;
-  static constexpr int kVTileBytes =
-      max_int(kMaxDims * kVRowBytes, kTileTokens * kVTokenRowBytes);
-  static constexpr int kStageBytes = kKTileBytes + kVTileBytes;
-  static constexpr int kStages = clamp_int(kRingBudget / kStageBytes, 2, 4);
-  // shared memory, in this order (each part a multiple of 16 bytes)
-  static constexpr int kQBytes = kHeadTile * kMaxDims * 4;                   // float q[g][d]
-  static constexpr int kProbBytes = kNumWarps * kHeadTile * kTileTokens * 4; // float [w][g][t]
-  static constexpr int kStatsBytes = ((kNumWarps * kHeadTile * 8) + 15) / 16 * 16;
-  static constexpr int kSparseBytes = ((kHeadTile * 8) + 15) / 16 * 16;      // int64 [g]
-  static constexpr int kMaskBytes = ((kNumWarps * kStages * kTileTokens * 4) + 15) / 16 * 16;
-  static constexpr int kRingBytes = kNumWarps * kStages * kStageBytes;
-  static constexpr int kOutBytes = kNumWarps * kHeadTile * kMaxDims * 4;     // aliases the rings
-  static constexpr int kQOffset = 0;
-  static constexpr int kProbOffset = kQOffset + kQBytes;
-  static constexpr int kStatsOffset = kProbOffset + kProbBytes;
-  static constexpr int kSparseOffset = kStatsOffset + kStatsBytes;
-  static constexpr int kMaskOffset = kSparseOffset + kSparseBytes;
-  static constexpr int kRingOffset = kMaskOffset + kMaskBytes;
-  static constexpr int kSmemBytes = kRingOffset + max_int(kRingBytes, kOutBytes);
-
-  static_assert(kWarpSize % kTileTokens == 0, "a tile's tokens divide the warp");
-  static_assert(kTileTokens * kElem >= 16, "a tile holds one 16-byte chunk of vLLM V");
-  static_assert(kKRowBytes % 16 == 0 && kVRowBytes % 16 == 0 && kStageBytes % 16 == 0,
-                "16-byte aligned rows");
-  static_assert(kPartitionSize % kWarpSize == 0, "partitions are whole tiles");
-  static_assert(!kMma || (kTileTokens % 8 == 0 && kMaxDims % 16 == 0 && kHeadTile <= kMmaHeads),
-                "tensor-core tiles: blocks of 8 tokens, slices of 16 dims, at most 8 heads");
-  static_assert(kSmemBytes <= 99 * 1024,
-                "fits the smallest opt-in shared memory of sm_80 and newer (sm_86: 99 KiB)");
-};
-
-// Resident blocks per SM promised to ptxas (a register cap of 65536 / (128 * n)): 3 (168
-// registers) as the baseline's small tiles, except tiles of 8 heads (at 168 the 8-head, 2-dims
-// tile spilled on sm_80), else 1 (255). The ring, not the warp count, carries the bytes in flight.
-// Tensor cores: the accumulator is head_size / 4 floats per lane whatever the heads: 3 up to
-// head 128, else 1.
-template <int kDimsPerLane, int kHeadTile, bool kMma>
-constexpr int pipelined_min_blocks() {
-  if (kMma) return kDimsPerLane <= 4 ? 3 : 1;
-  return (kDimsPerLane <= 4 && kDimsPerLane * kHeadTile <= 16 && kHeadTile <= 4) ? 3 : 1;
-}
-
-// ---- the lane operations of GqaMmaWarp on the GPU (gqa_mma.cuh lists them) ----
-template <typename Scalar>
-struct CudaMmaOps {
-  static_assert(std::is_same<Scalar, __half>::value || std::is_same<Scalar, __nv_bfloat16>::value,
-                "tensor cores take 16-bit queries");
-  static constexpr bool kBf16 = std::is_same<Scalar, __nv_bfloat16>::value;
-
-  __device__ __forceinline__ uint32_t pack(float lo, float hi) const {
-    uint32_t bits;
-    if constexpr (kBf16) {
-      const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (low half) = lo
-      memcpy(&bits, &v, 4);
-    } else {
-      const __half2 v = __floats2half2_rn(lo, hi);
-      memcpy(&bits, &v, 4);
-    }
-    return bits;
-  }
-  __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4],
-                                           const uint32_t b[2]) const {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    if constexpr (kBf16) {
-      asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-          "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-          : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    } else {
-      asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-          "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-          : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    }
-#elif defined(PAGED_ATTN_CUDA_HOST_SIM)  // tests/cuda_sim: the documented fragment layouts
-    cuda_sim::mma<16>(kBf16, c, a, b);
-#else
-    __trap();  // never launched below sm_80 (kernel_choice.h)
-#endif
-  }
-  __device__ __forceinline__ void mma1688(float c[4], const uint32_t a[2], uint32_t b) const {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    if constexpr (kBf16) {
-      asm("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5}, "
-          "{%6}, {%0, %1, %2, %3};\n"
-          : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-          : "r"(a[0]), "r"(a[1]), "r"(b));
-    } else {
-      asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, "
-          "{%6}, {%0, %1, %2, %3};\n"
-          : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-          : "r"(a[0]), "r"(a[1]), "r"(b));
-    }
-#elif defined(PAGED_ATTN_CUDA_HOST_SIM)
-    cuda_sim::mma<8>(kBf16, c, a, &b);
-#else
-    __trap();
-#endif
-  }
-  __device__ __forceinline__ float shfl_xor(float v, int lane_mask) const {
-    return __shfl_xor_sync(0xffffffffu, v, lane_mask);
-  }
-  __device__ __forceinline__ float shfl(float v, int src_lane) const {
-    return __shfl_sync(0xffffffffu, v, src_lane);
-  }
-};
-
-// Two cache elements as one MMA register of Scalar pairs (the first in the low half): 16-bit
-// caches hold Scalar already; fp8 bytes are decoded (exactly: every e4m3 / e5m2 value is a
-// bf16 and an fp16 value).
-template <typename Scalar, typename CacheT>
-__device__ __forceinline__ uint32_t mma_pair(const CacheT* first, const CacheT* second,
-                                             bool e5m2, const CudaMmaOps<Scalar>& ops) {
-  if constexpr (std::is_same<CacheT, Scalar>::value) {
-    uint16_t lo, hi;
-    memcpy(&lo, first, 2);
-    memcpy(&hi, second, 2);
-    return lo | (static_cast<uint32_t>(hi) << 16);
-  } else {
-    return ops.pack(fp8_to_float(*first, e5m2), fp8_to_float(*second, e5m2));
-  }
-}
-// The same for two adjacent elements (one 32-bit shared-memory read for 16-bit caches).
-template <typename Scalar, typename CacheT>
-__device__ __forceinline__ uint32_t mma_adjacent_pair(const CacheT* first, bool e5m2,
-                                                      const CudaMmaOps<Scalar>& ops) {
-  if constexpr (std::is_same<CacheT, Scalar>::value) {
-    return *reinterpret_cast<const uint32_t*>(first);
-  } else {
-    return mma_pair<Scalar>(first, first + 1, e5m2, ops);
-  }
 }
 
 // Grid, block, p.partition_size and template parameters: as paged_attention_kernel

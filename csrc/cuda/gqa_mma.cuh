@@ -32,7 +32,7 @@
 //   C / D (16 x 8), 4 floats: (g, 2t) (g, 2t+1) (g+8, 2t) (g+8, 2t+1)
 //
 // Like warp_reduce.cuh the lane operations are an injected policy, so the SAME code runs on the
-// GPU (CudaMmaOps in attention_kernel_pipelined.cuh: mma.sync, __shfl_sync) and on the host with
+// GPU (CudaMmaOps in mma_ops.cuh: mma.sync, __shfl_sync) and on the host with
 // simulated lanes and an MMA that follows the layouts above (tests/test_gqa_mma_host.py). An Ops
 // policy provides, every lane of the warp calling together:
 //   uint32_t pack(float lo, float hi)              two floats -> two 16-bit MMA elements (RN)
