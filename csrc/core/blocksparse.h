@@ -31,13 +31,32 @@ PA_HOST_DEVICE int64_t blocksparse_offset(const BlocksparseParams& b, int num_he
   return ((global % vs) * (step % vs) + 1) % vs;
 }
 
-// Whether the head with that offset attends cache block `block` (index in the row's block
-// table) of a row of seq_len tokens (>= 1) in blocks of cache_block_size tokens.
+// Where cache block `block` (index in the row's block table) of a row of seq_len tokens (>= 1)
+// in blocks of cache_block_size tokens stands in the pattern: the part of the decision that is
+// the same for every head. k: the sparse block of the cache block's first token; q: the
+// query's (the row's last token's) sparse block.
+struct BlocksparseBlock {
+  int64_t stride_phase;  // k mod vert_stride
+  bool local;            // k > q - local_blocks: within the local window
+};
+PA_HOST_DEVICE BlocksparseBlock blocksparse_block(const BlocksparseParams& b, int seq_len,
+                                                  int cache_block_size, int64_t block) {
+  const int64_t k = block * cache_block_size / b.block_size;
+  const int64_t q = (seq_len - 1) / b.block_size;
+  return BlocksparseBlock{k % b.vert_stride, k > q - b.local_blocks};
+}
+
+// Whether the head with that offset (blocksparse_offset: in [0, vert_stride)) attends the block:
+// local, or (k + offset) mod vert_stride == 0. Both terms of the phase are below vert_stride, so
+// their sum is 0 mod vert_stride exactly when it is 0 or vert_stride: no division per head.
+PA_HOST_DEVICE bool blocksparse_attends(const BlocksparseParams& b, int64_t offset,
+                                        const BlocksparseBlock& block) {
+  const int64_t phase = block.stride_phase + offset;
+  return block.local || phase == 0 || phase == b.vert_stride;
+}
 PA_HOST_DEVICE bool blocksparse_attends(const BlocksparseParams& b, int64_t offset,
                                         int seq_len, int cache_block_size, int64_t block) {
-  const int64_t k = block * cache_block_size / b.block_size;  // sparse block of its first token
-  const int64_t q = (seq_len - 1) / b.block_size;             // the query's sparse block
-  return (k % b.vert_stride + offset) % b.vert_stride == 0 || k > q - b.local_blocks;
+  return blocksparse_attends(b, offset, blocksparse_block(b, seq_len, cache_block_size, block));
 }
 
 }  // namespace paged_attn

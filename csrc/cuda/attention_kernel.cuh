@@ -142,10 +142,12 @@ __device__ __forceinline__ uint32_t attending_heads(const PagedAttentionParams& 
                                                    int num_tile_heads, int seq_len,
                                                    int64_t block) {
   if (!blocksparse_active(p.blocksparse)) return ~0u;
+  // the block's place in the pattern: two 64-bit divisions, once for every head
+  const BlocksparseBlock where = blocksparse_block(p.blocksparse, seq_len, p.block_size, block);
   uint32_t mask = 0;
-#pragma unroll 1  // NOTE: 64-bit divisions: one copy, not kHeadTile
-  for (int g = 0; g < num_tile_heads; ++g)
-    if (blocksparse_attends(p.blocksparse, sparse_offset[g], seq_len, p.block_size, block))
+#pragma unroll
+  for (int g = 0; g < kHeadTile; ++g)
+    if (g < num_tile_heads && blocksparse_attends(p.blocksparse, sparse_offset[g], where))
       mask |= 1u << g;
   return mask;
 }
