@@ -72,7 +72,7 @@ def build_info():
       cuda_attention_pairs  [(query dtype, kv_cache_dtype)] the CUDA attention kernels exist for
       cuda_head_sizes       [int] the CUDA attention kernels accept
       cuda_runtime_version  CUDART_VERSION of the build (0 without CUDA)
-      cuda_attention_kernel which CUDA attention kernel runs ("auto: mma on sm_80+, ...",
+      cuda_attention_kernel which CUDA attention kernel runs ("auto: mma where the code ...",
                             or the kernel PAGED_ATTN_CUDA_KERNEL forces; docs/CUDA.md); "" without
                             CUDA
     None when `_C` is not loaded (extension_status() says why)."""

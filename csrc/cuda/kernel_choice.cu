@@ -1,6 +1,5 @@
-// kernel_choice.cu — the definitions of kernel_choice.h (host code only).
-#include <cuda_runtime_api.h>
-
+// kernel_choice.cu — the definitions of kernel_choice.h (host code only, no CUDA call:
+// tests/test_kernel_choice_host.py compiles it with the host compiler).
 #include <array>
 #include <atomic>
 #include <cstdlib>
@@ -14,7 +13,7 @@ namespace cuda {
 namespace {
 
 constexpr const char* kEnvVar = "PAGED_ATTN_CUDA_KERNEL";
-constexpr int kMinPipelinedMajor = 8;  // cp.async, mma.sync with bf16: sm_80
+constexpr int kMinPipelinedArch = 80;  // cp.async, ldmatrix, mma.sync with bf16: sm_80
 
 // The setting: -1 not read yet, else one of these.
 enum Setting : int {
@@ -29,10 +28,6 @@ std::string g_value;  // the raw value (set under g_mutex before g_setting is pu
 std::mutex g_mutex;
 
 std::array<std::atomic<uint64_t>, kNumAttentionKernels> g_launches{};
-
-// Compute capability major per device: 0 not read yet.
-constexpr int kMaxDevices = 128;
-std::array<std::atomic<int>, kMaxDevices> g_major{};
 
 int read_setting_locked() {
   const char* env = std::getenv(kEnvVar);
@@ -62,15 +57,6 @@ std::string invalid_message() {
          "unset)";
 }
 
-int device_major(int device) {
-  if (device < 0 || device >= kMaxDevices) return 0;
-  int major = g_major[device].load(std::memory_order_relaxed);
-  if (major == 0 &&
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess)
-    g_major[device].store(major, std::memory_order_relaxed);
-  return major;
-}
-
 }  // namespace
 
 const char* attention_kernel_name(AttentionKernel kernel) {
@@ -81,20 +67,21 @@ const char* attention_kernel_name(AttentionKernel kernel) {
   }
 }
 
-AttentionKernel choose_attention_kernel(int device, std::string* error) {
+AttentionKernel choose_attention_kernel(int device, int code_arch, std::string* error) {
   const int s = setting();
   if (s == kForceBaseline) return AttentionKernel::kBaseline;
   if (s == kInvalid) {
     *error = invalid_message();
     return AttentionKernel::kBaseline;
   }
-  const int major = device_major(device);
-  if (major >= kMinPipelinedMajor)
+  if (code_arch >= kMinPipelinedArch)
     return s == kForcePipelined ? AttentionKernel::kPipelined : AttentionKernel::kMma;
   if (s == kForcePipelined || s == kForceMma) {
     *error = std::string(kEnvVar) + "=" + g_value +
-             " needs a GPU of sm_80 or newer (cp.async, mma.sync); cuda:" +
-             std::to_string(device) + " is sm_" + std::to_string(major) + "x: use baseline";
+             " needs code compiled for sm_80 or newer (cp.async, ldmatrix, mma.sync); cuda:" +
+             std::to_string(device) + " runs this build's code for sm_" +
+             std::to_string(code_arch) +
+             ": use baseline, or rebuild for the GPU's arch (TORCH_CUDA_ARCH_LIST)";
   }
   return AttentionKernel::kBaseline;
 }
@@ -105,7 +92,7 @@ std::string attention_kernel_setting() {
     case kForcePipelined: return std::string("pipelined (") + kEnvVar + "=pipelined)";
     case kForceMma: return std::string("mma (") + kEnvVar + "=mma)";
     case kInvalid: return "error: " + invalid_message();
-    default: return "auto: mma on sm_80+, baseline below sm_80";
+    default: return "auto: mma where the code that runs is compiled for sm_80+, else baseline";
   }
 }
 

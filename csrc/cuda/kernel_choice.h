@@ -2,15 +2,17 @@
 // the pipelined one (attention_kernel_pipelined.cuh) with CUDA-core math, or "mma": the
 // pipelined kernel with the GQA group on tensor cores (gqa_mma.cuh) for the shapes
 // dispatch.cuh's uses_tensor_cores() takes (16-bit query, GQA >= 3) and the plain pipelined
-// kernel for the others. Plain C++: no torch, no kernel code; ops_cuda.cu asks before each
-// launch, module.cpp reports it in build_info().
+// kernel for the others. Plain C++: no torch, no CUDA; ops_cuda.cu asks before each launch,
+// module.cpp reports it in build_info().
 //
 // The setting is the environment variable PAGED_ATTN_CUDA_KERNEL, read once per process (at the
 // first call): unset or "" or "auto": the rule below; "baseline", "pipelined" or "mma": that
 // kernel on every GPU (pipelined and mma: sm_80 and newer only, they are built around cp.async
 // and mma.sync); anything else: every CUDA attention call raises an error naming the value.
-// The rule ("auto"): mma on sm_80 and newer, baseline below (sm_75). Every choice takes every
-// shape the CUDA ops accept, so the rule looks at the GPU only.
+// The rule ("auto"): mma where the code that runs on the GPU was compiled for sm_80 or newer,
+// baseline otherwise (an sm_75 GPU, or a newer one running a build's compute_75 PTX: compiled
+// below sm_80, the pipelined kernel has no cp.async and its tensor-core path traps). Every
+// choice takes every shape the CUDA ops accept, so the rule looks at the code's arch only.
 #pragma once
 
 #include <cstdint>
@@ -24,12 +26,15 @@ constexpr int kNumAttentionKernels = 3;
 
 const char* attention_kernel_name(AttentionKernel kernel);  // "baseline", "pipelined", "mma"
 
-// The kernel for a call on `device` (a CUDA device index); on a bad setting, or "pipelined" /
-// "mma" on a GPU older than sm_80, returns the baseline and sets *error (the caller raises it).
-AttentionKernel choose_attention_kernel(int device, std::string* error);
+// The kernel for a call on `device` (a CUDA device index, for messages), whose code was compiled
+// for code_arch (major * 10 + minor: probe_kernel_image in launch.h); on a bad setting, or
+// "pipelined" / "mma" with code compiled below sm_80, returns the baseline and sets *error (the
+// caller raises it).
+AttentionKernel choose_attention_kernel(int device, int code_arch, std::string* error);
 
-// The setting and its rule in words, for build_info() ("auto: mma on sm_80+, baseline below
-// sm_80", "pipelined (PAGED_ATTN_CUDA_KERNEL=pipelined)", or the error of a bad value).
+// The setting and its rule in words, for build_info() ("auto: mma where the code that runs is
+// compiled for sm_80+, else baseline", "pipelined (PAGED_ATTN_CUDA_KERNEL=pipelined)", or the
+// error of a bad value).
 std::string attention_kernel_setting();
 
 // Reads PAGED_ATTN_CUDA_KERNEL again (tests switch kernels within one process). Not to be called

@@ -39,8 +39,11 @@ void launch_reshape_and_cache(const ReshapeAndCacheParams& p, cudaStream_t strea
 
 // Asks the driver to load one of our kernels on the current device (cudaFuncGetAttributes): the
 // error a launch would meet (cudaErrorNoKernelImageForDevice, a PTX the driver cannot compile),
-// without launching anything. Every .cu file is built with the same -gencode flags.
-cudaError_t probe_kernel_image();
+// without launching anything. On success *code_arch is the arch the code that runs there was
+// compiled for, as major * 10 + minor (cudaFuncAttributes::ptxVersion: 80 for sm_80 SASS, 75 when
+// the driver compiles compute_75 PTX for a newer GPU). Every .cu file is built with the same
+// -gencode flags, so one kernel speaks for all.
+cudaError_t probe_kernel_image(int* code_arch);
 
 }  // namespace cuda
 }  // namespace paged_attn

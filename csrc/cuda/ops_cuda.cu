@@ -42,15 +42,18 @@ namespace {
 
 constexpr int64_t kMaxGridYZ = 65535;  // CUDA grid dims y and z
 
-// Per device: 0 not checked yet, 1 our kernels run there, 2 they do not (g_device_error says why).
+// Per device: 0 not checked yet, 1 our kernels run there, 2 they do not (g_device_error says why);
+// with state 1, g_code_arch is the arch the code that runs there was compiled for (written
+// before the state is published).
 constexpr int kMaxDevices = 128;  // c10::DeviceIndex is int8_t
 std::array<std::atomic<uint8_t>, kMaxDevices> g_device_state{};
 std::array<std::string, kMaxDevices> g_device_error;
+std::array<int, kMaxDevices> g_code_arch{};
 std::mutex g_device_mutex;
 
 // The slow path, once per device (the caller holds a CUDAGuard for it): "" when our kernels can
-// run there, else the error text.
-std::string check_device(int device) {
+// run there (*code_arch: probe_kernel_image's), else the error text.
+std::string check_device(int device, int* code_arch) {
   int major = 0, minor = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
@@ -67,7 +70,7 @@ std::string check_device(int device) {
     return arch::mismatch_message(major, minor, targets, device_text());
   // The driver's answer for one kernel: catches what the list cannot (no list, a driver too old
   // for the PTX). Loads (or JIT-compiles) that kernel now instead of at its first launch.
-  const cudaError_t err = cuda::probe_kernel_image();
+  const cudaError_t err = cuda::probe_kernel_image(code_arch);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();  // NOTE: do not leave our error for the next launch check to find
     const std::string what = std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
@@ -79,22 +82,24 @@ std::string check_device(int device) {
   return "";
 }
 
-// Raises unless this build's kernels can run on `device`. Hot path: one atomic load.
-void require_kernels_for(c10::DeviceIndex device) {
+// Raises unless this build's kernels can run on `device`; returns the arch their code there was
+// compiled for (major * 10 + minor). Hot path: one atomic load.
+int require_kernels_for(c10::DeviceIndex device) {
   TORCH_CHECK(device >= 0 && device < kMaxDevices, "paged_attn: CUDA device index ", int(device),
               " out of range");
   uint8_t state = g_device_state[device].load(std::memory_order_acquire);
-  if (C10_LIKELY(state == 1)) return;
+  if (C10_LIKELY(state == 1)) return g_code_arch[device];
   if (state == 0) {
     const std::lock_guard<std::mutex> lock(g_device_mutex);
     state = g_device_state[device].load(std::memory_order_acquire);
     if (state == 0) {
-      g_device_error[device] = check_device(device);
+      g_device_error[device] = check_device(device, &g_code_arch[device]);
       state = g_device_error[device].empty() ? 1 : 2;
       g_device_state[device].store(state, std::memory_order_release);
     }
   }
   TORCH_CHECK(state == 1, g_device_error[device]);
+  return g_code_arch[device];
 }
 
 // Multiprocessors of each device, read once (cudaDeviceGetAttribute: no sync) and cached; 0: not
@@ -141,9 +146,9 @@ void check_cuda_attention(const char* op, const PagedAttentionParams& p) {
 // kernels in a file generated from the same list), onto the kernel kernel_choice.h picks for the
 // device (PAGED_ATTN_CUDA_KERNEL, else the rule; a bad setting raises here).
 void launch_attention(const PagedAttentionParams& p, cudaStream_t stream,
-                      c10::DeviceIndex device) {
+                      c10::DeviceIndex device, int code_arch) {
   std::string error;
-  const cuda::AttentionKernel kernel = cuda::choose_attention_kernel(device, &error);
+  const cuda::AttentionKernel kernel = cuda::choose_attention_kernel(device, code_arch, &error);
   TORCH_CHECK(error.empty(), "paged_attn: ", error);
 #define PAGED_ATTN_LAUNCH_PAIR(S, C)                                                           \
   if (p.scalar_kind == ScalarKind::S && p.cache_kind == CacheKind::C) {                        \
@@ -195,7 +200,7 @@ void attention(const char* op, const PagedAttentionParams& params, bool is_v2,
                c10::Device device) {
   check_cuda_attention(op, params);
   const c10::cuda::CUDAGuard device_guard(device);
-  require_kernels_for(device.index());
+  const int code_arch = require_kernels_for(device.index());
   if (params.num_seqs == 0 || params.num_heads == 0) return;
   PagedAttentionParams p = params;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
@@ -221,7 +226,7 @@ void attention(const char* op, const PagedAttentionParams& params, bool is_v2,
       p.partition_size = plan.partition_size;
     }
   }
-  launch_attention(p, stream, device.index());
+  launch_attention(p, stream, device.index(), code_arch);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (p.partition_size > 0) {
     launch_reduce(p, stream);

@@ -40,10 +40,12 @@ void launch_reshape_and_cache(const ReshapeAndCacheParams& p, cudaStream_t strea
   }
 }
 
-cudaError_t probe_kernel_image() {
+cudaError_t probe_kernel_image(int* code_arch) {
   cudaFuncAttributes attributes;
-  return cudaFuncGetAttributes(&attributes,
-                               reshape_and_cache_kernel<float, float, kCacheThreads>);
+  const cudaError_t err =
+      cudaFuncGetAttributes(&attributes, reshape_and_cache_kernel<float, float, kCacheThreads>);
+  if (err == cudaSuccess) *code_arch = attributes.ptxVersion;
+  return err;
 }
 
 }  // namespace cuda
