@@ -49,6 +49,7 @@
 #include "../core/compound_state.h"
 #include "../core/params.h"
 #include "cache_access.cuh"
+#include "row_check.cuh"
 #include "warp_reduce.cuh"
 
 namespace paged_attn {
@@ -58,22 +59,17 @@ __device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000)
 
 // The tokens [tok_begin, tok_end) that the thread block of (seq, kv_head, part) serves, for both
 // attention kernels (the robustness NOTE at the top). false: it serves none, because the row is
-// bad (seq_len < 0, past the block table, or needing more partitions than the scratch holds: a
-// one-pass block has then written NaN to its KV head's out rows) or because a split's partition
-// lies past the row (nothing to write). Uniform across the block.
+// bad (row_is_served, row_check.cuh: a one-pass block has then written NaN to its KV head's out
+// rows) or because a split's partition lies past the row (nothing to write). Uniform across the
+// block.
 template <typename Scalar, int kThreads>
 __device__ __forceinline__ bool block_token_range(const PagedAttentionParams& p, int seq,
                                                   int kv_head, int part, int seq_len,
                                                   int& tok_begin, int& tok_end) {
+  static_assert(2 * kThreads <= INT32_MAX - kMaxRowTokens, "token positions stay int32");
   const int partition_size = p.partition_size;
   const bool is_split = partition_size > 0;
-  const int64_t capacity = static_cast<int64_t>(p.max_blocks_per_seq) * p.block_size;
-  bool row_ok = seq_len >= 0 && static_cast<int64_t>(seq_len) <= capacity;
-  if (is_split) {
-    const int64_t needed = (static_cast<int64_t>(seq_len) + partition_size - 1) / partition_size;
-    row_ok = row_ok && needed <= p.max_num_partitions;
-  }
-  if (!row_ok) {
+  if (!row_is_served(p, seq_len)) {
     if (!is_split) {  // one pass: this KV head's query heads are consecutive rows of out
       const int group = p.num_heads / p.num_kv_heads;
       Scalar* rows = static_cast<Scalar*>(p.out) +

@@ -9,9 +9,9 @@
 // in chunks of kThreads partitions in shared memory (any partition count, fixed shared memory)
 // and accumulates tmp_out with one thread per output dim.
 //
-// NOTE (docs/DESIGN.md): rows the attention kernel could not serve are written as NaN here:
-// seq_len < 0, seq_len > max_blocks_per_seq * block_size, more partitions than tmp_out holds,
-// or a partition whose max_logits / exp_sums is NaN (a bad block id). seq_len == 0 gives zeros.
+// NOTE (docs/DESIGN.md): rows the attention kernel could not serve are written as NaN here: the
+// rows row_check.cuh's row_is_served refuses, and a partition whose max_logits / exp_sums is NaN
+// (a bad block id). seq_len == 0 gives zeros.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +19,7 @@
 #include "../core/compound_state.h"
 #include "../core/params.h"
 #include "cache_access.cuh"
+#include "row_check.cuh"
 #include "warp_reduce.cuh"
 
 namespace paged_attn {
@@ -41,13 +42,12 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize)
   Scalar* out = static_cast<Scalar*>(p.out) + row * head_size;  // [head_size]
 
   const int seq_len = p.seq_lens[seq];
-  const int64_t capacity = static_cast<int64_t>(p.max_blocks_per_seq) * p.block_size;
-  const int64_t needed =
-      (static_cast<int64_t>(seq_len) + p.partition_size - 1) / p.partition_size;
-  if (seq_len < 0 || seq_len > capacity || needed > p.max_num_partitions) {
+  if (!row_is_served(p, seq_len)) {
     for (int d = threadIdx.x; d < head_size; d += kThreads) out[d] = from_float<Scalar>(__int_as_float(0x7fc00000));
     return;
   }
+  const int64_t needed =
+      (static_cast<int64_t>(seq_len) + p.partition_size - 1) / p.partition_size;
   if (needed == 0) {  // empty row: zeros, as the oracle
     for (int d = threadIdx.x; d < head_size; d += kThreads) out[d] = from_float<Scalar>(0.0f);
     return;
