@@ -42,13 +42,15 @@
 //   strides are padded (conflict_free_row_bytes) so that the 16-byte reads of the 8 lanes of one
 //   shared-memory wavefront (8 / kLanesPerToken K rows, consecutive chunks of each; 8 V rows)
 //   hit 8 different 16-byte bank groups: QK's K reads and P.V's vLLM V reads are conflict-free
-//   (fp8 V: 8-byte reads, 2-way); token-major V is read one element per lane, consecutive lanes
-//   consecutive dims.
+//   (fp8 V: 8-byte reads, 2-way); token-major V is read in vectors of the lane's consecutive
+//   dims where its span allows 4-byte or wider ones (head sizes with an even number of dims per
+//   lane, kTmVectors), else one element per lane, consecutive lanes consecutive dims.
 // - QK: kLanesPerToken = 32 / kTileTokens lanes per token, lane (token, sub) dotting chunks
 //   sub, sub + kLanesPerToken, ... of its token's K row against the shared-memory queries, then an
 //   xor-shuffle sum over the token's lanes. Softmax as the baseline (warp-uniform running max per
 //   head, per-lane exp sums, kept by the token's first lane only); P.V as the baseline (lane owns
-//   dims lane + 32 j, kVVec tokens per step) but from the stage: no masking is needed there,
+//   dims lane + 32 j, kVVec tokens per step; token-major V with kTmVectors: dims
+//   kDimsPerLane * lane + j, read as vectors) but from the stage: no masking is needed there,
 //   every V value that is not to be read is a zero in shared memory.
 // - Synchronisation: per warp, wait_group(kStages - 1) then __syncwarp before a stage is read
 //   (the copies of every lane have landed and are visible to the warp); __syncwarp after the
@@ -132,6 +134,12 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
   constexpr int kGroups = kTile / kX;
   constexpr int kDimStep = kWarpSize / kGroups;
   constexpr int kDimIters = (kMaxDims + kDimStep - 1) / kDimStep;
+  // P.V on token-major V: the lane's kDimsPerLane dims are consecutive and read as vectors of
+  // kTmVecBytes (the widest power of two <= 16 dividing the lane's span, 4 bytes at least) where
+  // that is wider than an element; else (and on vLLM V) the lane owns dims lane + kWarpSize j
+  constexpr int kTmVecBytes = largest_pow2_divisor(kDimsPerLane * kElem, 16);
+  constexpr bool kTmVectors = kTmVecBytes >= 4 && kTmVecBytes > kElem;
+  constexpr int kTmVecElems = kTmVecBytes / kElem;
 
   PAGED_ATTN_DYNAMIC_SHARED_MEMORY(smem_raw);
   float(*smem_q)[kMaxDims] = reinterpret_cast<float(*)[kMaxDims]>(smem_raw + Cfg::kQOffset);
@@ -185,6 +193,10 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
   const CudaShuffleXor<kWarpSize> shuffle;
   const FastDivmod block_divider(block_size);  // token -> (block-table entry, slot in the block)
   bool bad_block = false;
+  // the output dims of acc[g][j] (CUDA-core math): pv_dim0 + j * pv_dim_step
+  const bool pv_vectors = kTmVectors && token_major;
+  const int pv_dim0 = pv_vectors ? lane * kDimsPerLane : lane;
+  const int pv_dim_step = pv_vectors ? 1 : kWarpSize;
 
   // tiles of this warp: tok_begin + (warp + kNumWarps * m) * kTile, m < warp_tiles
   const int num_tiles = (tok_end - tok_begin + kTile - 1) / kTile;
@@ -465,27 +477,52 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
       }
       __syncwarp();
 
-      // ---- P.V from the stage: lane owns dims lane + kWarpSize * j ----
+      // ---- P.V from the stage: lane owns dims pv_dim0 + pv_dim_step * j ----
 #pragma unroll 1
       for (int s0 = 0; s0 < kTile; s0 += kVVec) {
         if (tile0 + s0 >= tok_end) break;  // warp-uniform
         float v[kDimsPerLane][kVVec];
+        if (pv_vectors) {  // token-major: the lane's consecutive dims of each token's row
+          if constexpr (kTmVectors) {  // (pv_vectors is false otherwise)
+            const CacheT* const dims =
+                reinterpret_cast<const CacheT*>(v_src + s0 * Cfg::kVTokenRowBytes) + pv_dim0;
 #pragma unroll
-        for (int j = 0; j < kDimsPerLane; ++j) {
-          const int d = lane + j * kWarpSize;
-          if (d >= head_size) {
+            for (int e = 0; e < kVVec; ++e) {
 #pragma unroll
-            for (int e = 0; e < kVVec; ++e) v[j][e] = 0.0f;
-          } else if (!token_major) {
-            load_to_float<CacheT, kVBytes>(
-                reinterpret_cast<const CacheT*>(v_src + d * Cfg::kVRowBytes + s0 * kElem), e5m2,
-                v[j]);
-          } else {
+              for (int i = 0; i < kDimsPerLane; i += kTmVecElems) {
+                // NOTE: a vector lies wholly inside or past head_size (16-byte rows: head_size is
+                // a multiple of kTmVecElems); past it the stage holds no copy, so zeros
+                float part[kTmVecElems];
+                if (pv_dim0 + i < head_size) {
+                  load_to_float<CacheT, kTmVecBytes>(
+                      dims + e * (Cfg::kVTokenRowBytes / kElem) + i, e5m2, part);
+                } else {
 #pragma unroll
-            for (int e = 0; e < kVVec; ++e)
-              v[j][e] = load_one(reinterpret_cast<const CacheT*>(
-                                     v_src + (s0 + e) * Cfg::kVTokenRowBytes) + d,
-                                 e5m2);
+                  for (int k = 0; k < kTmVecElems; ++k) part[k] = 0.0f;
+                }
+#pragma unroll
+                for (int k = 0; k < kTmVecElems; ++k) v[i + k][e] = part[k];
+              }
+            }
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < kDimsPerLane; ++j) {
+            const int d = lane + j * kWarpSize;
+            if (d >= head_size) {
+#pragma unroll
+              for (int e = 0; e < kVVec; ++e) v[j][e] = 0.0f;
+            } else if (!token_major) {
+              load_to_float<CacheT, kVBytes>(
+                  reinterpret_cast<const CacheT*>(v_src + d * Cfg::kVRowBytes + s0 * kElem), e5m2,
+                  v[j]);
+            } else {
+#pragma unroll
+              for (int e = 0; e < kVVec; ++e)
+                v[j][e] = load_one(reinterpret_cast<const CacheT*>(
+                                       v_src + (s0 + e) * Cfg::kVTokenRowBytes) + d,
+                                   e5m2);
+            }
           }
         }
 #pragma unroll
@@ -528,7 +565,8 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
       for (int g = 0; g < kHeadTile; ++g) {
         if (lane == 0) smem_stats[warp][g] = warp_stats[g];
 #pragma unroll
-        for (int j = 0; j < kDimsPerLane; ++j) smem_out[warp][g][lane + j * kWarpSize] = acc[g][j];
+        for (int j = 0; j < kDimsPerLane; ++j)
+          smem_out[warp][g][pv_dim0 + j * pv_dim_step] = acc[g][j];
       }
     }
     const bool any_bad = __syncthreads_or(bad_block);

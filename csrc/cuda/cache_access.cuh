@@ -116,13 +116,15 @@ __device__ __forceinline__ void word_to_floats(uint32_t w, bool e5m2, float* out
   }
 }
 
-// Loads kBytes (8 or 16) of CacheT elements from `ptr` (kBytes-aligned) and converts them:
+// Loads kBytes (4, 8 or 16) of CacheT elements from `ptr` (kBytes-aligned) and converts them:
 // out[0 .. kBytes / sizeof(CacheT)). fp8 values are the decoded bytes (scale applied by caller).
 template <typename CacheT, int kBytes>
 __device__ __forceinline__ void load_to_float(const CacheT* ptr, bool e5m2, float* out) {
-  static_assert(kBytes == 8 || kBytes == 16, "vector loads are 8 or 16 bytes");
+  static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "vector loads are 4, 8 or 16 bytes");
   constexpr int kPer = kPerWord<CacheT>;
-  if constexpr (kBytes == 16) {
+  if constexpr (kBytes == 4) {
+    word_to_floats<CacheT>(*reinterpret_cast<const uint32_t*>(ptr), e5m2, out);
+  } else if constexpr (kBytes == 16) {
     const uint4 r = *reinterpret_cast<const uint4*>(ptr);
     word_to_floats<CacheT>(r.x, e5m2, out + 0 * kPer);
     word_to_floats<CacheT>(r.y, e5m2, out + 1 * kPer);

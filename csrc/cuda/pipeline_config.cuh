@@ -28,6 +28,12 @@ constexpr int floor_pow2(int v) {
 // Row stride in bytes for rows of `bytes`: an odd number of 16-byte units, so that 8 rows start in
 // 8 different 16-byte bank groups (the tensor-core B fragments read 8 rows x 16 bytes at once).
 constexpr int odd_units_row_bytes(int bytes) { return (((bytes + 15) / 16) | 1) * 16; }
+// The largest power of two <= most that divides v (v >= 1).
+constexpr int largest_pow2_divisor(int v, int most) {
+  int p = 1;
+  while (p * 2 <= most && v % (p * 2) == 0) p *= 2;
+  return p;
+}
 constexpr int clamp_int(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
 constexpr int max_int(int a, int b) { return a > b ? a : b; }
 
