@@ -338,6 +338,32 @@ def test_bad_data_gives_nan_rows(kernel_ops, version):
     assert_out_matches(out[:1], expected[:1], torch.float16)
 
 
+@pytest.mark.parametrize("op", ["v1", "decode"])
+def test_row_near_int32_max_gives_nan_row(kernel_ops, op):
+    """A row longer than the kernels' int32 token positions allow (csrc/cuda/row_check.cuh
+    kMaxRowTokens = 2^31 - 2049), held by a block table that repeats block 0 (2^23 entries of
+    256-token blocks), is a bad row: NaN, nothing read; the short row beside it is right."""
+    block_size = 256
+    dec = testing.make_decode_inputs(2, 4, 2, 64, block_size, [40, 40], layout="nhd",
+                                     dtype=torch.float16, device=DEV, seed=34)
+    width = (2**31 - 1 + block_size - 1) // block_size
+    table = torch.zeros(2, width, dtype=torch.int32, device=DEV)
+    table[:, :dec.block_tables.shape[1]] = dec.block_tables
+    dec = dataclasses.replace(dec, block_tables=table,
+                              legacy=dataclasses.replace(dec.legacy, block_tables=table))
+    dec.seq_lens[1] = 2**31 - 1 - 1000  # within 2048 of INT32_MAX, inside the table's capacity
+    if op == "v1":
+        out = call_v1(kernel_ops.v1, dec.legacy, alloc_v1_outputs(dec.legacy, fill=0.0))
+    else:
+        out = testing.call_decode(kernel_ops.decode, dec, alloc_v1_outputs(dec, fill=0.0))
+    torch.cuda.synchronize()
+    assert _nan_rows(out) == [False, True]
+    good = testing.make_decode_inputs(2, 4, 2, 64, block_size, [40, 40], layout="nhd",
+                                      dtype=torch.float16, device=DEV, seed=34)
+    expected = call_v1(reference.paged_attention_v1, good.legacy, alloc_v1_outputs(good.legacy))
+    assert_out_matches(out[:1], expected[:1], torch.float16)
+
+
 def test_v2_scratch_too_small_gives_nan_row(kernel_ops):
     inputs = make_attention_inputs(2, 4, 4, 64, 16, [1100, 300], dtype=torch.float32, device=DEV)
     outputs = call_v2(kernel_ops.v2, inputs,

@@ -7,6 +7,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -42,8 +44,9 @@ void launch_paged_attention(const PagedAttentionParams& p, cudaStream_t stream) 
 }
 
 // One instantiation of the pipelined kernel (attention_kernel_pipelined.cuh), whose shared
-// memory is dynamic: above 48 KiB the kernel must be allowed it first (an error there is left for
-// the caller's launch check, as a failed launch is).
+// memory is dynamic: above 48 KiB the kernel must be allowed it first, once per device (the
+// driver's answer is cached here, so a launch costs no extra runtime call). A refusal is left
+// for the caller's launch check (cudaGetLastError), as a failed launch is.
 template <typename Scalar, CacheKind kCache, int kDimsPerLane, int kHeadTile, bool kMma>
 void launch_pipelined_instance(const dim3& grid, const PagedAttentionParams& p,
                                cudaStream_t stream) {
@@ -52,10 +55,18 @@ void launch_pipelined_instance(const dim3& grid, const PagedAttentionParams& p,
       PipelineConfig<CacheT, kDimsPerLane, kHeadTile, kWarpSize, kNumWarps, kMma>::kSmemBytes;
   auto* kernel = paged_attention_pipelined_kernel<Scalar, kCache, kDimsPerLane, kHeadTile,
                                                   kWarpSize, kNumWarps, kMma>;
-  if (kSmem > 48 * 1024 &&
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) !=
+  if constexpr (kSmem > 48 * 1024) {
+    constexpr int kMaxDevices = 128;  // c10::DeviceIndex is int8_t
+    static std::array<std::atomic<bool>, kMaxDevices> allowed{};  // per device
+    int device = -1;
+    if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return;
+    if (!allowed[device].load(std::memory_order_acquire)) {
+      if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) !=
           cudaSuccess)
-    return;
+        return;
+      allowed[device].store(true, std::memory_order_release);  // a racing thread sets it too
+    }
+  }
   kernel<<<grid, kThreads, kSmem, stream>>>(p);
 }
 
