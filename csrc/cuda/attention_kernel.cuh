@@ -59,8 +59,7 @@ __device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000)
 
 // The tokens [tok_begin, tok_end) that the thread block of (seq, kv_head, part) serves, for both
 // attention kernels (the robustness NOTE at the top). false: it serves none, because the row is
-// bad (row_is_served, row_check.cuh: a one-pass block has then written NaN to its KV head's out
-// rows) or because a split's partition lies past the row (nothing to write). Uniform across the
+// bad (row_check.cuh: a one-pass block has then written NaN to its KV head's out rows) or because a split's partition lies past the row (nothing to write). Uniform across the
 // block.
 template <typename Scalar, int kThreads>
 __device__ __forceinline__ bool block_token_range(const PagedAttentionParams& p, int seq,
@@ -69,7 +68,9 @@ __device__ __forceinline__ bool block_token_range(const PagedAttentionParams& p,
   static_assert(2 * kThreads <= INT32_MAX - kMaxRowTokens, "token positions stay int32");
   const int partition_size = p.partition_size;
   const bool is_split = partition_size > 0;
-  if (!row_is_served(p, seq_len)) {
+  bool row_ok = row_fits(p, seq_len);
+  if (is_split) row_ok = row_ok && partitions_needed(seq_len, partition_size) <= p.max_num_partitions;
+  if (!row_ok) {
     if (!is_split) {  // one pass: this KV head's query heads are consecutive rows of out
       const int group = p.num_heads / p.num_kv_heads;
       Scalar* rows = static_cast<Scalar*>(p.out) +
@@ -141,10 +142,9 @@ __device__ __forceinline__ uint32_t attending_heads(const PagedAttentionParams& 
   // the block's place in the pattern: two 64-bit divisions, once for every head
   const BlocksparseBlock where = blocksparse_block(p.blocksparse, seq_len, p.block_size, block);
   uint32_t mask = 0;
-#pragma unroll
-  for (int g = 0; g < kHeadTile; ++g)
-    if (g < num_tile_heads && blocksparse_attends(p.blocksparse, sparse_offset[g], where))
-      mask |= 1u << g;
+#pragma unroll 1  // NOTE: one copy: unrolled it costs the large tiles registers (spills)
+  for (int g = 0; g < num_tile_heads; ++g)
+    if (blocksparse_attends(p.blocksparse, sparse_offset[g], where)) mask |= 1u << g;
   return mask;
 }
 

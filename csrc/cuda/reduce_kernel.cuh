@@ -10,7 +10,7 @@
 // and accumulates tmp_out with one thread per output dim.
 //
 // NOTE (docs/DESIGN.md): rows the attention kernel could not serve are written as NaN here: the
-// rows row_check.cuh's row_is_served refuses, and a partition whose max_logits / exp_sums is NaN
+// rows row_check.cuh refuses, and a partition whose max_logits / exp_sums is NaN
 // (a bad block id). seq_len == 0 gives zeros.
 #pragma once
 
@@ -42,12 +42,11 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize)
   Scalar* out = static_cast<Scalar*>(p.out) + row * head_size;  // [head_size]
 
   const int seq_len = p.seq_lens[seq];
-  if (!row_is_served(p, seq_len)) {
+  if (!row_fits(p, seq_len) || partitions_needed(seq_len, p.partition_size) > p.max_num_partitions) {
     for (int d = threadIdx.x; d < head_size; d += kThreads) out[d] = from_float<Scalar>(__int_as_float(0x7fc00000));
     return;
   }
-  const int64_t needed =
-      (static_cast<int64_t>(seq_len) + p.partition_size - 1) / p.partition_size;
+  const int64_t needed = partitions_needed(seq_len, p.partition_size);
   if (needed == 0) {  // empty row: zeros, as the oracle
     for (int d = threadIdx.x; d < head_size; d += kThreads) out[d] = from_float<Scalar>(0.0f);
     return;

@@ -16,15 +16,17 @@ namespace cuda {
 // repeating blocks.
 constexpr int kMaxRowTokens = INT32_MAX - 2048;
 
-// false: the row is bad (seq_len < 0, past the block table's capacity, longer than
-// kMaxRowTokens, or, for a split (p.partition_size > 0), needing more partitions than the
-// scratch holds): nothing of it is read and its out rows become NaN.
-__device__ __forceinline__ bool row_is_served(const PagedAttentionParams& p, int seq_len) {
+// Whether a row of seq_len tokens fits the kernels: 0 <= seq_len <= kMaxRowTokens and within the
+// block table's capacity (max_blocks_per_seq * block_size). A split (p.partition_size > 0) also
+// needs partitions_needed(seq_len, p.partition_size) <= p.max_num_partitions. A row that fails
+// is bad: nothing of it is read and its out rows become NaN.
+__device__ __forceinline__ bool row_fits(const PagedAttentionParams& p, int seq_len) {
   const int64_t capacity = static_cast<int64_t>(p.max_blocks_per_seq) * p.block_size;
-  if (seq_len < 0 || seq_len > kMaxRowTokens || seq_len > capacity) return false;
-  if (p.partition_size <= 0) return true;
-  const int64_t needed = (static_cast<int64_t>(seq_len) + p.partition_size - 1) / p.partition_size;
-  return needed <= p.max_num_partitions;
+  return seq_len >= 0 && seq_len <= kMaxRowTokens && static_cast<int64_t>(seq_len) <= capacity;
+}
+// Partitions of partition_size (> 0) tokens a row of seq_len (>= 0) tokens needs.
+__device__ __forceinline__ int64_t partitions_needed(int seq_len, int partition_size) {
+  return (static_cast<int64_t>(seq_len) + partition_size - 1) / partition_size;
 }
 
 }  // namespace cuda
