@@ -141,18 +141,20 @@ inline int max_spans_of(int block_size) { return kPartitionSize / block_size + 2
 inline int round_up16(int n) { return (n + 15) & ~15; }
 
 // A work item's per-thread scratch, as float offsets: logits [G][L] | qs [G][Dq] | norm [G] |
-// spans [2][max_spans] (this item's, the next one's) | next K block addresses [max_spans].
-// Every part starts on a 16-float boundary.
+// spans [2][max_spans] (this item's, the next one's) | next K and V block addresses
+// [2][max_spans] | v_ahead: nonzero when the item before (on this thread, scratch zeroed at the
+// start) prefetched this item's V. Every part starts on a 16-float boundary.
 struct ScratchLayout {
-  int64_t qs, norm, spans, next_k, total;
+  int64_t qs, norm, spans, next_kv, v_ahead, total;
   ScratchLayout(int64_t G, int64_t D, int block_size) {
     constexpr int64_t kSpanFloats = (sizeof(Span) + 3) / 4, kPointerFloats = (sizeof(char*) + 3) / 4;
     const int64_t max_spans = max_spans_of(block_size);
     qs = G * logits_stride(block_size);
     norm = qs + G * round_up16(static_cast<int>(D));
     spans = norm + ((G + 15) & ~15);
-    next_k = spans + ((2 * max_spans * kSpanFloats + 15) & ~15);
-    total = next_k + max_spans * kPointerFloats;
+    next_kv = spans + ((2 * max_spans * kSpanFloats + 15) & ~15);
+    v_ahead = next_kv + ((2 * max_spans * kPointerFloats + 15) & ~15);
+    total = v_ahead + 16;
   }
 };
 
@@ -170,24 +172,40 @@ inline void prefetch_row_share(const char* pf_k, const char* pf_v, const TaskSha
 }
 
 // Cache lines of a list of slices, prefetched into L2 a few lines per step(): spreads the next
-// work item's K over this item's PV loop (a burst would stall on the miss buffers).
+// work item's K (and V) over this item's loops (a burst would stall on the miss buffers).
+// Slices [0, nfirst) have the memory `mem`, the rest `mem_rest` (K and V may differ).
 struct PrefetchStream {
   const char* const* blocks = nullptr;
-  int nblocks = 0;
-  SliceBytes mem;
+  int nblocks = 0, nfirst = 0;
+  SliceBytes mem, mem_rest;
   int lines_per_step = 0;
-  int b = 0;            // slice being prefetched
-  int64_t run = 0, k = 0;  // its run and the line in that run
+  int b = -1;                     // slice being prefetched (-1: none yet)
+  const char* run = nullptr;      // its run being prefetched
+  const char* line = nullptr;     // the next line of that run
+  int64_t line_left = 0, runs_left = 0;  // lines left in the run, runs after it in the slice
   void step(int times = 1) {
-    const int64_t per = mem.lines_per_run();
-    for (int n = 0; n < times * lines_per_step && b < nblocks; ++n) {
-      prefetch_l2(blocks[b] + run * mem.run_stride + 64 * k);
-      if (++k == per) {
-        k = 0;
-        if (++run == mem.runs) run = 0, ++b;
-      }
+    for (int n = times * lines_per_step; n > 0; --n) {
+      if (line_left == 0 && !next_run()) return;
+      prefetch_l2(line);
+      line += 64;
+      --line_left;
     }
   }
+  // Moves to the next run (of this slice or the next one); false at the end.
+  bool next_run() {
+    if (runs_left == 0) {
+      if (b + 1 >= nblocks) return false;
+      run = blocks[++b];
+      runs_left = slice().runs;
+    } else {
+      run += slice().run_stride;
+    }
+    --runs_left;
+    line = run;
+    line_left = slice().lines_per_run();
+    return line_left > 0;
+  }
+  const SliceBytes& slice() const { return b < nfirst ? mem : mem_rest; }
 };
 
 // The blocks of the partition of `task` (tokens [t_begin, t_end)); returns their count.

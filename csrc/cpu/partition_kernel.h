@@ -50,7 +50,8 @@
 // read, logits -inf); a head's skipped blocks among the rest get -inf logits after QK.
 // Prefetch (addresses known from the block tables), into L2: while scoring block i, block
 // i + 4's K and block i's V, so PV finds the partition's V in L2; during PV, the next work item's
-// K (within an L2 budget), a few lines per step: a burst stalls on the miss buffers and leaves
+// K (within an L2 budget; token-major short rows: its V too, and its QK then prefetches none),
+// a few lines per step: a burst stalls on the miss buffers and leaves
 // nothing in flight during the compute (docs/history/CPU_KERNEL_LOG.md has the measurements).
 // Token-major PV also pulls the next block's V into L1, token by token.
 #ifndef PA_ISA
@@ -646,7 +647,8 @@ inline void mask_unattended_heads(const PagedAttentionParams& p, PartitionTask t
 
 // Bytes of L2 the partition's V and the next work item's K (prefetched during this item's PV)
 // may take together: a share of a 1 MiB per-core L2, leaving the rest for K in flight and
-// everything else.
+// everything else. Token-major short rows prefetch the next item's V as well when this item's
+// and the next one's K and V all fit.
 constexpr int64_t kPrefetchBudget = 384 * 1024;
 
 template <typename Cache, KvForm F>
@@ -677,7 +679,6 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
   float* qs = scratch + layout.qs;
   float* norm = scratch + layout.norm;
   Span* spans = reinterpret_cast<Span*>(scratch + layout.spans);
-  const char** next_k = reinterpret_cast<const char**>(scratch + layout.next_k);
   int nspans = partition_spans(p, task, s.bs, spans);
   const int lo = spans[0].buf + spans[0].lo;  // the partition's tokens: logits [lo, hi)
   const int hi = spans[nspans - 1].buf + spans[nspans - 1].hi;
@@ -701,6 +702,43 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
         qs[g * s.Dq + d] = d < s.D ? in.qk_scale * q[g * s.D + d] : 0.0f;
   }
 
+  // The next work item, prefetched during this item's PV (memory is otherwise idle while PV
+  // reads V from L2), a few lines per PV step (vLLM's layout: the first head tile's steps;
+  // token-major: all of PV's, its head tiles take turns per block): its K, what fits in
+  // kPrefetchBudget beside this item's V; and, token-major, when this item's and the next one's
+  // K and V all fit (short rows), its V after its K. An item of a few blocks otherwise finds its
+  // V in memory at PV: prefetched only while its own K is scored, V comes too late. That item's
+  // QK then prefetches no V (v_ahead).
+  PrefetchStream pf;
+  Span* next_spans = spans + max_spans;
+  const int n_next = next != nullptr && nspans > 0 ? partition_spans(p, *next, s.bs, next_spans) : 0;
+  const int nk = static_cast<int>(
+      std::clamp<int64_t>((kPrefetchBudget - nspans * s.kv_bytes) / s.kv_bytes, 0, n_next));
+  const int nv = F == KvForm::kTokenMajor && n_next > 0 &&
+                         2 * (nspans + n_next) * s.kv_bytes <= kPrefetchBudget
+                     ? n_next
+                     : 0;
+  if (nk > 0) {
+    const char** next_kv = reinterpret_cast<const char**>(scratch + layout.next_kv);
+    for (int i = 0; i < nk; ++i) next_kv[i] = reinterpret_cast<const char*>(K + next_spans[i].k_offset);
+    for (int i = 0; i < nv; ++i)
+      next_kv[nk + i] = reinterpret_cast<const char*>(V + next_spans[i].v_offset);
+    pf.blocks = next_kv;
+    pf.nblocks = nk + nv;
+    pf.nfirst = nk;
+    pf.mem = s.k_mem;
+    pf.mem_rest = s.v_mem;
+    const int first_tile = tile_heads(G, 0, Isa::kPvHeads);
+    const int steps = F == KvForm::kTokenMajor
+                          ? std::max(1, token_pv_steps(spans, nspans, G, s.D))
+                          : s.D / Isa::pv_dims(first_tile, s.D % 8 == 0) * nspans;
+    const int64_t lines = nk * s.k_mem.lines() + nv * s.v_mem.lines();
+    pf.lines_per_step = static_cast<int>((lines + steps - 1) / steps);
+  }
+  float* v_ahead = scratch + layout.v_ahead;
+  const bool v_prefetched = *v_ahead == 1.0f;  // by the item before
+  *v_ahead = nv > 0 ? 1.0f : 0.0f;
+
   // QK, one pass over K for all heads (a block's K stays in L1 across the head tiles).
   constexpr int kAhead = 4;
   for (int i = 0; i < std::min(kAhead, nspans); ++i)
@@ -710,7 +748,7 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
     const char* pf_k = i + kAhead < nspans
                            ? reinterpret_cast<const char*>(K + spans[i + kAhead].k_offset)
                            : nullptr;
-    const char* pf_v = reinterpret_cast<const char*>(V + spans[i].v_offset);
+    const char* pf_v = v_prefetched ? nullptr : reinterpret_cast<const char*>(V + spans[i].v_offset);
     for (int g0 = 0; g0 < G;) {
       const int gt = tile_heads(G, g0, Isa::kQkHeads);
       const float* qs_tile = kBf16Dot ? qs + static_cast<int64_t>(g0) * s.D / 2  // 2 bf16 a float
@@ -741,27 +779,6 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
     in.max_logits[row0 + static_cast<int64_t>(g) * in.num_partitions] = mx;
     in.exp_sums[row0 + static_cast<int64_t>(g) * in.num_partitions] = sum;
     norm[g] = sum > 0.0f ? in.v_scale / sum : 0.0f;  // sum >= 1 unless nothing was attended
-  }
-
-  // The next work item's K (what fits in kPrefetchBudget beside this item's V), spread over the
-  // first head tile's PV steps (token-major: all of PV's steps, its head tiles take turns per
-  // block): memory is otherwise idle while PV reads V from L2.
-  PrefetchStream pf;
-  const int64_t next_k_budget = kPrefetchBudget - nspans * s.kv_bytes;
-  if (next != nullptr && nspans > 0 && next_k_budget >= s.kv_bytes) {
-    Span* next_spans = spans + max_spans;
-    const int n_next = partition_spans(p, *next, s.bs, next_spans);
-    pf.nblocks = static_cast<int>(std::min<int64_t>(n_next, next_k_budget / s.kv_bytes));
-    for (int i = 0; i < pf.nblocks; ++i)
-      next_k[i] = reinterpret_cast<const char*>(K + next_spans[i].k_offset);
-    pf.blocks = next_k;
-    pf.mem = s.k_mem;
-    const int first_tile = tile_heads(G, 0, Isa::kPvHeads);
-    const int steps = F == KvForm::kTokenMajor
-                          ? std::max(1, token_pv_steps(spans, nspans, G, s.D))
-                          : s.D / Isa::pv_dims(first_tile, s.D % 8 == 0) * nspans;
-    const int64_t lines = pf.nblocks * s.k_mem.lines();
-    pf.lines_per_step = static_cast<int>((lines + steps - 1) / steps);
   }
 
   float* out = in.part_out + row0 * s.D;
