@@ -56,7 +56,6 @@ void launch_pipelined_instance(const dim3& grid, const PagedAttentionParams& p,
   auto* kernel = paged_attention_pipelined_kernel<Scalar, kCache, kDimsPerLane, kHeadTile,
                                                   kWarpSize, kNumWarps, kMma>;
   if constexpr (kSmem > 48 * 1024) {
-    constexpr int kMaxDevices = 128;  // c10::DeviceIndex is int8_t
     static std::array<std::atomic<bool>, kMaxDevices> allowed{};  // per device
     int device = -1;
     if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return;

@@ -11,6 +11,10 @@
 namespace paged_attn {
 namespace cuda {
 
+// Per-device tables on the host (the arch check, SM counts, the shared-memory opt-in of the
+// pipelined kernels) have one slot per possible device index: c10::DeviceIndex is int8_t.
+constexpr int kMaxDevices = 128;
+
 // One pass (p.partition_size == 0; grid (num_seqs, num_kv_heads, 1), writes p.out) or phase 1
 // of a split (p.partition_size > 0: v2's 512 or a core/split_plan.h plan; grid (num_seqs,
 // num_kv_heads, p.max_num_partitions), writes the scratch). Preconditions: the params passed

@@ -45,7 +45,7 @@ constexpr int64_t kMaxGridYZ = 65535;  // CUDA grid dims y and z
 // Per device: 0 not checked yet, 1 our kernels run there, 2 they do not (g_device_error says why);
 // with state 1, g_code_arch is the arch the code that runs there was compiled for (written
 // before the state is published).
-constexpr int kMaxDevices = 128;  // c10::DeviceIndex is int8_t
+using cuda::kMaxDevices;
 std::array<std::atomic<uint8_t>, kMaxDevices> g_device_state{};
 std::array<std::string, kMaxDevices> g_device_error;
 std::array<int, kMaxDevices> g_code_arch{};
