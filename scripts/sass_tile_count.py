@@ -1,0 +1,197 @@
+#!/usr/bin/env python3
+"""sass_tile_count.py — count warp-instructions along one path of a kernel's SASS.
+
+The instruction counts per tile in docs/CUDA.md ("The pipelined kernel", "The tensor-core path")
+come from this script. Two steps:
+
+1. Compile one instantiation of the pipelined kernel and list its basic blocks:
+     python scripts/sass_tile_count.py --kernel "__nv_bfloat16, CacheKind::kAuto, 4, 4, 32, 4, true" \
+         --arch sm_90 --save /tmp/k.sass --blocks
+   (--kernel: the template arguments of paged_attention_pipelined_kernel; the script writes a .cu
+   that includes csrc/cuda/attention_kernel_pipelined.cuh and instantiates it, compiles it with
+   `nvcc -std=c++20 -arch=<arch> -cubin -O3 --expt-relaxed-constexpr -I csrc` and disassembles it
+   with `cuobjdump -sass`; CUOBJDUMP / NVCC override the tools). Or pass a saved SASS listing
+   (--sass FILE). --blocks prints every basic block: address range, instruction count, its
+   instruction mix and its branch; `<-- back edge` marks a branch to a lower address (a loop).
+
+2. Read the listing, pick the path (the main tile loop: the back edge to the loop head; which
+   side of each branch a full tile takes) and count it. For the kernel above, as compiled at the
+   time docs/CUDA.md's counts were made (the addresses move with any change to the kernel):
+     python scripts/sass_tile_count.py --sass /tmp/k.sass \
+         --part loop=5c70-5ca0 --part copies=5cb0-7ae0 --skip 5f80-6790 --skip 6d00-75e0 \
+         --part qk=7af0-81f0 --part softmax=8200-8b30 --part pv=8b40-8ea0 --part loop=8eb0-8f00
+   (skipped: the blocksparse mask, the element-by-element and the token-major V copies).
+   Every instruction in a part's address ranges (hex, inclusive; --part may repeat a name) counts
+   once, except those in a --skip range; `--times NAME=N` multiplies a part (a loop that is not unrolled). A predicated
+   instruction counts whether its predicate is true or not: it takes an issue slot either way.
+   Both sides of a branch that some lanes take and others do not (divergence) are issued, so a
+   part's range includes them; only code no lane of a full tile reaches goes in --skip.
+   NOPs and never-executed `@!PT` placeholders (ptxas puts three `@!PT LDS RZ, [RZ]` before each
+   LDGSTS) are shown apart, as they occupy issue slots without doing work.
+
+Needs no GPU.
+"""
+import argparse
+import collections
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LINE = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;\s*/\*")
+BRANCH_TARGET = re.compile(r"(0x[0-9a-f]+)\s*$")
+KERNEL_TU = """#include "cuda/attention_kernel_pipelined.cuh"
+namespace paged_attn {{
+namespace cuda {{
+template __global__ void paged_attention_pipelined_kernel<{args}>(const PagedAttentionParams);
+}}  // namespace cuda
+}}  // namespace paged_attn
+"""
+
+
+def compile_to_sass(args, arch):
+    nvcc = os.environ.get("NVCC") or shutil.which("nvcc") or "/usr/local/bin/nvcc"
+    cuobjdump = os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump")
+    if not cuobjdump:
+        sys.exit("cuobjdump not found: put the CUDA toolkit's bin on PATH or set CUOBJDUMP")
+    with tempfile.TemporaryDirectory() as work:
+        src = os.path.join(work, "k.cu")
+        cubin = os.path.join(work, "k.cubin")
+        with open(src, "w") as f:
+            f.write(KERNEL_TU.format(args=args))
+        ptxas = subprocess.run(
+            [nvcc, "-std=c++20", f"-arch={arch}", "-cubin", "-O3", "--expt-relaxed-constexpr",
+             "-I", os.path.join(ROOT, "csrc"), "-Xptxas", "-v", "-o", cubin, src],
+            check=True, capture_output=True, text=True)
+        for line in ptxas.stderr.splitlines():
+            if "registers" in line or "spill" in line:
+                print("# ptxas:", line.strip().removeprefix("ptxas info    : "))
+        return subprocess.run([cuobjdump, "-sass", cubin], check=True, capture_output=True,
+                              text=True).stdout
+
+
+def parse(sass_text):
+    """[(address, instruction text)] of the first function in the listing."""
+    out, functions = [], 0
+    for line in sass_text.splitlines():
+        if "Function :" in line:
+            functions += 1
+            if functions > 1:
+                break
+            continue
+        m = LINE.match(line)
+        if m:
+            out.append((int(m.group(1), 16), m.group(2)))
+    return out
+
+
+def opcode(text):
+    """(predicate or None, mnemonic without modifiers)."""
+    pred = None
+    if text.startswith("@"):
+        pred, text = text.split(None, 1)
+    return pred, text.split()[0].split(".")[0]
+
+
+def kind(text):
+    """'nop', 'placeholder' (never executed: @!PT) or 'work'."""
+    pred, op = opcode(text)
+    if op == "NOP":
+        return "nop"
+    if pred == "@!PT":
+        return "placeholder"
+    return "work"
+
+
+def basic_blocks(ins):
+    leaders = {ins[0][0]}
+    for i, (addr, text) in enumerate(ins):
+        _, op = opcode(text)
+        if op in ("BRA", "BSSY", "CALL", "BREAK", "JMP"):
+            m = BRANCH_TARGET.search(text)
+            if m:
+                leaders.add(int(m.group(1), 16))
+        if op in ("BRA", "EXIT", "RET", "JMP") and i + 1 < len(ins):
+            leaders.add(ins[i + 1][0])
+    blocks = []
+    for addr, text in ins:
+        if addr in leaders or not blocks:
+            blocks.append([])
+        blocks[-1].append((addr, text))
+    return blocks
+
+
+def print_blocks(ins):
+    for block in basic_blocks(ins):
+        mix = collections.Counter(opcode(t)[1] for _, t in block if kind(t) == "work")
+        extra = collections.Counter(kind(t) for _, t in block if kind(t) != "work")
+        last = block[-1][1]
+        branch = ""
+        if opcode(last)[1] in ("BRA", "EXIT", "RET"):
+            branch = last
+            m = BRANCH_TARGET.search(last)
+            if m and int(m.group(1), 16) <= block[0][0]:
+                branch += "  <-- back edge"
+        print(f"{block[0][0]:05x}-{block[-1][0]:05x} work={sum(mix.values()):4d} "
+              + "".join(f"{k}={v} " for k, v in sorted(extra.items()))
+              + f"| {branch}\n      " + " ".join(f"{k}:{v}" for k, v in mix.most_common()))
+
+
+def hex_range(text):
+    lo, hi = text.split("-")
+    return int(lo, 16), int(hi, 16)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--sass", help="a saved `cuobjdump -sass` listing (its first function)")
+    src.add_argument("--kernel", help="template arguments of paged_attention_pipelined_kernel")
+    ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--save", help="write the SASS listing here")
+    ap.add_argument("--blocks", action="store_true", help="list the basic blocks")
+    ap.add_argument("--part", action="append", default=[], metavar="NAME=LO-HI")
+    ap.add_argument("--skip", action="append", default=[], metavar="LO-HI")
+    ap.add_argument("--times", action="append", default=[], metavar="NAME=N")
+    a = ap.parse_args()
+
+    text = open(a.sass).read() if a.sass else compile_to_sass(a.kernel, a.arch)
+    if a.save:
+        with open(a.save, "w") as f:
+            f.write(text)
+    ins = parse(text)
+    if not ins:
+        sys.exit("no SASS instructions found")
+    if a.blocks:
+        print_blocks(ins)
+    if not a.part:
+        return
+    skips = [hex_range(s) for s in a.skip]
+    times = {k: int(v) for k, v in (t.split("=") for t in a.times)}
+    ranges = collections.defaultdict(list)  # a part may be given several ranges
+    for spec in a.part:
+        name, rng = spec.split("=")
+        ranges[name].append(hex_range(rng))
+    total = collections.Counter()
+    print(f"{'part':12s} {'work':>6s} {'nop':>5s} {'@!PT':>5s}  mix (work)")
+    for name, spans in ranges.items():
+        n = times.get(name, 1)
+        picked = [t for addr, t in ins
+                  if any(lo <= addr <= hi for lo, hi in spans)
+                  and not any(s <= addr <= e for s, e in skips)]
+        counts = collections.Counter(kind(t) for t in picked)
+        mix = collections.Counter(opcode(t)[1] for t in picked if kind(t) == "work")
+        for k in counts:
+            total[k] += n * counts[k]
+        label = name if n == 1 else f"{name} x{n}"
+        print(f"{label:12s} {n * counts['work']:6d} {n * counts['nop']:5d} "
+              f"{n * counts['placeholder']:5d}  " + " ".join(f"{k}:{v}" for k, v in mix.most_common()))
+    print(f"{'total':12s} {total['work']:6d} {total['nop']:5d} {total['placeholder']:5d}  "
+          f"(all issued: {sum(total.values())})")
+
+
+if __name__ == "__main__":
+    main()
