@@ -89,6 +89,7 @@ HOST_PROGRAM = textwrap.dedent(r"""
       }
       float shfl_xor(float v, int mask) const { return exchange(v, lane ^ mask); }
       float shfl(float v, int src) const { return exchange(v, src); }
+      float exp(float x) const { return std::exp(x); }
 
       // every lane publishes its fragments; each computes its own C by the documented layouts
       void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2]) const {
@@ -130,9 +131,13 @@ HOST_PROGRAM = textwrap.dedent(r"""
       const float scale = 3.0f / std::sqrt(static_cast<float>(head_size));  // sharp softmax
       const uint16_t nan_bits = Codec::from(NAN);
       // the shared-memory images the kernel would hold: K rows [token][kKRow] (an odd number of
-      // 16-byte units, as the kernel pads), V rows [dim][token] per tile; NaN past the head size
+      // 16-byte units, as the kernel pads), V rows [dim][token] per tile; past the head size K
+      // holds zeros up to kMaxDims (tile()'s precondition: the kernel clears them) and NaN
+      // beyond, V NaN
       constexpr int kKRow = ((kMaxDims * 2 / 16) | 1) * 8;  // in 16-bit elements
       std::vector<uint16_t> k(tokens * kKRow, nan_bits), v(num_tiles * kMaxDims * kTile, nan_bits);
+      for (int tok = 0; tok < tokens; ++tok)
+        for (int d = head_size; d < kMaxDims; ++d) k[tok * kKRow + d] = Codec::from(0.0f);
       std::vector<float> q(kMmaHeads * kMaxDims, 0.0f);
       std::vector<uint32_t> attends(tokens, 0u);  // head bits per token
       for (int h = 0; h < nh; ++h)

@@ -49,6 +49,7 @@
 #include "../core/compound_state.h"
 #include "../core/params.h"
 #include "cache_access.cuh"
+#include "fast_math.cuh"
 #include "row_check.cuh"
 #include "warp_reduce.cuh"
 
@@ -309,7 +310,7 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
         MergeFactors f;
         const SoftmaxStats merged =
             merge_stats(SoftmaxStats{run_max[g], 0.0f}, SoftmaxStats{tile_max, 0.0f}, f);
-        const float prob = merged.max == -INFINITY ? 0.0f : expf(logit[g] - merged.max);
+        const float prob = merged.max == -INFINITY ? 0.0f : fast_exp(logit[g] - merged.max);
         lane_sum[g] = lane_sum[g] * f.scale_a + prob;
 #pragma unroll
         for (int j = 0; j < kDimsPerLane; ++j) acc[g][j] *= f.scale_a;

@@ -354,6 +354,19 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
       });
       if (p.alibi_slopes != nullptr && mma.g < num_tile_heads)
         mma_slope = p.alibi_slopes[head0 + mma.g];
+      // K rows past head_size: zeros, as GqaMmaWarp::tile asks (a 16-dim slice may end past
+      // head_size). No copy writes them, but the merge of a previous pass did (smem_out
+      // aliases the rings): each warp clears its ring's, whole 16-byte chunks (head_size x the
+      // element size is a multiple of 16).
+      const int pad_chunks = (kMaxDims - head_size) * kElem / 16;  // per K row
+#pragma unroll 1
+      for (int i = lane; i < kStages * kTile * pad_chunks; i += kWarpSize) {
+        const int row = i / pad_chunks;  // stage row / kTile, token row % kTile
+        *reinterpret_cast<uint4*>(ring + (row / kTile) * Cfg::kStageBytes +
+                                  (row % kTile) * Cfg::kKRowBytes + head_size * kElem +
+                                  (i % pad_chunks) * 16) = make_uint4(0u, 0u, 0u, 0u);
+      }
+      __syncwarp();
     }
 
     // ---- the pipeline: kStages - 1 tiles ahead ----
@@ -391,14 +404,17 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
             ldmatrix_x4<false>(kb, k_stage + ((8 * b + row) * Cfg::kKRowBytes +  // 16s + 8 matrix..
                                               (16 * s + 8 * matrix) * kElem));
           };
-          auto v_frags = [&](int b, int s, uint32_t va[4]) {
-            if (token_major)  // [token][dim] rows, transposed: token 8b + row, dims 16s + 8 matrix..
+          // V: one tile per form, so that no slice of the tile tests the form
+          if (token_major) {  // [token][dim] rows, transposed: token 8b + row, dims 16s + 8 matrix..
+            mma.tile(mma_ops, head_size, k_frags, [&](int b, int s, uint32_t va[4]) {
               ldmatrix_x4<true>(va, v_stage + ((8 * b + row) * Cfg::kVTokenRowBytes +
                                                (16 * s + 8 * matrix) * kElem));
-            else  // vLLM [dim][token] rows: dim 16s + lane, tokens 8b..
+            }, logit);
+          } else {  // vLLM [dim][token] rows: dim 16s + lane, tokens 8b..
+            mma.tile(mma_ops, head_size, k_frags, [&](int b, int s, uint32_t va[4]) {
               ldmatrix_x4<false>(va, v_stage + ((16 * s + lane) * Cfg::kVRowBytes + 8 * b * kElem));
-          };
-          mma.tile(mma_ops, head_size, k_frags, v_frags, logit);
+            }, logit);
+          }
           __syncwarp();  // NOTE: the slot is rewritten only after every lane read it
           continue;
         }
@@ -409,19 +425,25 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
           return mma_adjacent_pair<Scalar>(k_rows + tok * (Cfg::kKRowBytes / kElem) + d, e5m2,
                                            mma_ops);
         };
-        auto v_pair = [&](int d, int tok) {  // V[tok][d], V[tok + 1][d]
-          if (token_major) {
+        // one tile per V form, so that no pair of the tile tests the form
+        auto run_tile = [&](auto v_pair) {  // v_pair(d, tok): V[tok][d], V[tok + 1][d]
+          const FragmentsFromPairs<decltype(k_pair), decltype(v_pair)> frags{mma.g, mma.t,
+                                                                              k_pair, v_pair};
+          mma.tile(
+              mma_ops, head_size, [&](int b, int s, uint32_t kb[4]) { frags.k_frags(b, s, kb); },
+              [&](int b, int s, uint32_t va[4]) { frags.v_frags(b, s, va); }, logit);
+        };
+        if (token_major) {  // [token][dim] rows
+          run_tile([&](int d, int tok) {
             const CacheT* v_tok = v_rows + tok * (Cfg::kVTokenRowBytes / kElem) + d;
             return mma_pair<Scalar>(v_tok, v_tok + Cfg::kVTokenRowBytes / kElem, e5m2, mma_ops);
-          }
-          return mma_adjacent_pair<Scalar>(v_rows + d * (Cfg::kVRowBytes / kElem) + tok, e5m2,
-                                           mma_ops);
-        };
-        const FragmentsFromPairs<decltype(k_pair), decltype(v_pair)> frags{mma.g, mma.t, k_pair,
-                                                                            v_pair};
-        mma.tile(
-            mma_ops, head_size, [&](int b, int s, uint32_t kb[4]) { frags.k_frags(b, s, kb); },
-            [&](int b, int s, uint32_t va[4]) { frags.v_frags(b, s, va); }, logit);
+          });
+        } else {  // vLLM [dim][token] rows: the pair is adjacent
+          run_tile([&](int d, int tok) {
+            return mma_adjacent_pair<Scalar>(v_rows + d * (Cfg::kVRowBytes / kElem) + tok, e5m2,
+                                             mma_ops);
+          });
+        }
         __syncwarp();  // NOTE: the slot is rewritten only after every lane read it
         continue;
       }
@@ -468,7 +490,7 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
         MergeFactors f;
         const SoftmaxStats merged =
             merge_stats(SoftmaxStats{run_max[g], 0.0f}, SoftmaxStats{tile_max, 0.0f}, f);
-        const float prob = merged.max == -INFINITY ? 0.0f : expf(logit[g] - merged.max);
+        const float prob = merged.max == -INFINITY ? 0.0f : fast_exp(logit[g] - merged.max);
         lane_sum[g] = lane_sum[g] * f.scale_a + (qk_sub == 0 ? prob : 0.0f);
 #pragma unroll
         for (int j = 0; j < kDimsPerLane; ++j) acc[g][j] *= f.scale_a;

@@ -15,6 +15,7 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "../core/fp8.h"
@@ -68,21 +69,24 @@ __device__ __forceinline__ uint8_t float_to_fp8(float v, bool e5m2) {
   return e5m2 ? fp8::float_to_e5m2(v) : fp8::float_to_e4m3(v);
 }
 
+// Two fp8 bytes, the first in the low byte of `bytes`, as the bits of two halves (the first in
+// the low half; exact: every e4m3 / e5m2 value is an fp16 value). e5m2 is fp16's top byte.
+__device__ __forceinline__ uint32_t fp8x2_to_half2_bits(uint32_t bytes, bool e5m2) {
+  if (e5m2) return ((bytes & 0xffu) << 8) | ((bytes & 0xff00u) << 16);
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(bytes & 0xffffu), __NV_E4M3);
+  return h.x | (static_cast<uint32_t>(h.y) << 16);
+}
+
 // Four fp8 bytes of one 32-bit word -> out[0..3] (little-endian: byte 0 first).
 __device__ __forceinline__ void fp8x4_to_float(uint32_t w, bool e5m2, float* out) {
-  if (e5m2) {
-    out[0] = __half2float(__ushort_as_half(static_cast<unsigned short>((w & 0xffu) << 8)));
-    out[1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xff00u)));
-    out[2] = __half2float(__ushort_as_half(static_cast<unsigned short>((w >> 8) & 0xff00u)));
-    out[3] = __half2float(__ushort_as_half(static_cast<unsigned short>((w >> 16) & 0xff00u)));
-    return;
-  }
-  const __half2_raw lo =
-      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), __NV_E4M3);
-  const __half2_raw hi =
-      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3);
-  const float2 a = __half22float2(__half2(lo));
-  const float2 b = __half22float2(__half2(hi));
+  const uint32_t lo_bits = fp8x2_to_half2_bits(w, e5m2);
+  const uint32_t hi_bits = fp8x2_to_half2_bits(w >> 16, e5m2);
+  __half2 lo, hi;
+  memcpy(&lo, &lo_bits, 4);
+  memcpy(&hi, &hi_bits, 4);
+  const float2 a = __half22float2(lo);
+  const float2 b = __half22float2(hi);
   out[0] = a.x;
   out[1] = a.y;
   out[2] = b.x;

@@ -39,6 +39,7 @@
 //   void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2])    c += a . b
 //   void mma1688(float c[4], const uint32_t a[2], uint32_t b)              c += a . b
 //   float shfl_xor(float v, int lane_mask), float shfl(float v, int src_lane)
+//   float exp(float x)                             e^x for x <= 0 (the probabilities)
 #pragma once
 
 #include <cstdint>
@@ -90,8 +91,8 @@ PA_UNROLL
   // One tile. head_size <= kMaxDims, even. Functors (s even: slices s and s + 1, kSteps is even):
   //   k_frags(block, s, uint32_t kb[4]) -> the B fragments of K for slices s, s + 1 of 8-token
   //       block `block`: kb[2j + i] = the 16-bit pair K[8 block + g][d], K[8 block + g][d + 1]
-  //       with d = 16 (s + j) + 2t + 8i (pairs at or past head_size may hold anything: they are
-  //       replaced by zeros here)
+  //       with d = 16 (s + j) + 2t + 8i; pairs at or past head_size (up to kMaxDims) must be
+  //       zeros: a NaN there would reach the dot product, whatever the query holds
   //   v_frags(block, s, uint32_t va[4]) -> the A fragments of V^T for slices s, s + 1:
   //       va[2j + i] = the pair V[8 block + 2t][d], V[8 block + 2t + 1][d] with
   //       d = 16 (s + j) + g + 8i (dims at or past head_size may hold anything; they reach only
@@ -114,9 +115,6 @@ PA_UNROLL
         if (16 * s >= head_size) break;  // the same on every lane
         uint32_t kb[4];
         k_frags(b, s, kb);
-PA_UNROLL
-        for (int r = 0; r < 4; ++r)  // r = 2j + i: dim 16 (s + j) + 8i + 2t
-          if (16 * s + 16 * (r / 2) + 8 * (r % 2) + 2 * t >= head_size) kb[r] = 0u;
         const uint32_t qa0[4] = {q[s][0], 0u, q[s][1], 0u};
         ops.mma16816(c, qa0, kb);
         if (16 * (s + 1) < head_size) {
@@ -144,7 +142,7 @@ PA_UNROLL
     for (int b = 0; b < kBlocks; ++b) {
 PA_UNROLL
       for (int i = 0; i < 2; ++i) {
-        probs[b][i] = run_max == -INFINITY ? 0.0f : expf(logits[b][i] - run_max);
+        probs[b][i] = run_max == -INFINITY ? 0.0f : ops.exp(logits[b][i] - run_max);
         tile_sum += probs[b][i];
       }
     }

@@ -11,7 +11,8 @@
 #include <cstring>
 #include <type_traits>
 
-#include "cache_access.cuh"  // fp8_to_float
+#include "cache_access.cuh"  // fp8x2_to_half2_bits
+#include "fast_math.cuh"
 
 namespace paged_attn {
 namespace cuda {
@@ -78,11 +79,28 @@ struct CudaMmaOps {
   __device__ __forceinline__ float shfl(float v, int src_lane) const {
     return __shfl_sync(0xffffffffu, v, src_lane);
   }
+  __device__ __forceinline__ float exp(float x) const { return fast_exp(x); }
 };
 
+// Two fp8 cache elements, the first in the low byte of `bytes`, as one MMA register of Scalar
+// pairs: one pair conversion to fp16 (exact), then to bf16 for bf16 queries (exact as well:
+// every e4m3 / e5m2 value is a bf16 value).
+template <typename Scalar>
+__device__ __forceinline__ uint32_t mma_fp8_pair(uint32_t bytes, bool e5m2,
+                                                 const CudaMmaOps<Scalar>& ops) {
+  const uint32_t halves = fp8x2_to_half2_bits(bytes, e5m2);
+  if constexpr (CudaMmaOps<Scalar>::kBf16) {
+    __half2 h;
+    memcpy(&h, &halves, 4);
+    const float2 f = __half22float2(h);
+    return ops.pack(f.x, f.y);
+  } else {
+    return halves;
+  }
+}
+
 // Two cache elements as one MMA register of Scalar pairs (the first in the low half): 16-bit
-// caches hold Scalar already; fp8 bytes are decoded (exactly: every e4m3 / e5m2 value is a
-// bf16 and an fp16 value).
+// caches hold Scalar already; fp8 bytes are decoded (mma_fp8_pair).
 template <typename Scalar, typename CacheT>
 __device__ __forceinline__ uint32_t mma_pair(const CacheT* first, const CacheT* second,
                                              bool e5m2, const CudaMmaOps<Scalar>& ops) {
@@ -92,17 +110,18 @@ __device__ __forceinline__ uint32_t mma_pair(const CacheT* first, const CacheT* 
     memcpy(&hi, second, 2);
     return lo | (static_cast<uint32_t>(hi) << 16);
   } else {
-    return ops.pack(fp8_to_float(*first, e5m2), fp8_to_float(*second, e5m2));
+    return mma_fp8_pair(*first | (static_cast<uint32_t>(*second) << 8), e5m2, ops);
   }
 }
-// The same for two adjacent elements (one 32-bit shared-memory read for 16-bit caches).
+// The same for two adjacent elements, read as one shared-memory word (`first` aligned to the
+// pair's size: 4 bytes for 16-bit caches, 2 for fp8).
 template <typename Scalar, typename CacheT>
 __device__ __forceinline__ uint32_t mma_adjacent_pair(const CacheT* first, bool e5m2,
                                                       const CudaMmaOps<Scalar>& ops) {
   if constexpr (std::is_same<CacheT, Scalar>::value) {
     return *reinterpret_cast<const uint32_t*>(first);
   } else {
-    return mma_pair<Scalar>(first, first + 1, e5m2, ops);
+    return mma_fp8_pair(*reinterpret_cast<const uint16_t*>(first), e5m2, ops);
   }
 }
 
