@@ -492,8 +492,10 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
             merge_stats(SoftmaxStats{run_max[g], 0.0f}, SoftmaxStats{tile_max, 0.0f}, f);
         const float prob = merged.max == -INFINITY ? 0.0f : fast_exp(logit[g] - merged.max);
         lane_sum[g] = lane_sum[g] * f.scale_a + (qk_sub == 0 ? prob : 0.0f);
+        if (f.scale_a != 1.0f) {  // warp-uniform; 1 exactly (exp(0)) when the max did not grow
 #pragma unroll
-        for (int j = 0; j < kDimsPerLane; ++j) acc[g][j] *= f.scale_a;
+          for (int j = 0; j < kDimsPerLane; ++j) acc[g][j] *= f.scale_a;
+        }
         run_max[g] = merged.max;
         if (qk_sub == 0) smem_probs[warp][g][qk_tok] = prob;
       }

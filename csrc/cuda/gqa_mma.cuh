@@ -106,24 +106,26 @@ PA_UNROLL
   PA_HOST_DEVICE void tile(const Ops& ops, int head_size, KFrags k_frags, VFrags v_frags,
                            Logit logit) {
     // ---- QK: S[g][8b + 2t + i] = logit[b][i] ----
+    // even and odd slices accumulate apart (two chains of dependent MMAs, not one), then add
     float logits[kBlocks][2];
 PA_UNROLL
     for (int b = 0; b < kBlocks; ++b) {
-      float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      float c_even[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      float c_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 PA_UNROLL
       for (int s = 0; s < kSteps; s += 2) {
         if (16 * s >= head_size) break;  // the same on every lane
         uint32_t kb[4];
         k_frags(b, s, kb);
         const uint32_t qa0[4] = {q[s][0], 0u, q[s][1], 0u};
-        ops.mma16816(c, qa0, kb);
+        ops.mma16816(c_even, qa0, kb);
         if (16 * (s + 1) < head_size) {
           const uint32_t qa1[4] = {q[s + 1][0], 0u, q[s + 1][1], 0u};
-          ops.mma16816(c, qa1, kb + 2);
+          ops.mma16816(c_odd, qa1, kb + 2);
         }
       }
-      logits[b][0] = logit(g, 8 * b + 2 * t, c[0]);
-      logits[b][1] = logit(g, 8 * b + 2 * t + 1, c[1]);
+      logits[b][0] = logit(g, 8 * b + 2 * t, c_even[0] + c_odd[0]);
+      logits[b][1] = logit(g, 8 * b + 2 * t + 1, c_even[1] + c_odd[1]);
     }
 
     // ---- online softmax of head g ----
@@ -150,12 +152,14 @@ PA_UNROLL
     // the accumulator's columns are heads 2t and 2t + 1: their factors from lanes 8t and 8t + 4
     const float scale_lo = ops.shfl(f.scale_a, 8 * t);
     const float scale_hi = ops.shfl(f.scale_a, 8 * t + 4);
+    if (scale_lo != 1.0f || scale_hi != 1.0f) {  // 1 exactly (exp(0)) when no max grew: skipped
 PA_UNROLL
-    for (int s = 0; s < kSteps; ++s) {
-      acc[s][0] *= scale_lo;
-      acc[s][1] *= scale_hi;
-      acc[s][2] *= scale_lo;
-      acc[s][3] *= scale_hi;
+      for (int s = 0; s < kSteps; ++s) {
+        acc[s][0] *= scale_lo;
+        acc[s][1] *= scale_hi;
+        acc[s][2] *= scale_lo;
+        acc[s][3] *= scale_hi;
+      }
     }
 
     // ---- PV: O^T[16s + g (+8)][2t, 2t+1] += V^T . P^T ----
