@@ -144,9 +144,10 @@ void check_cuda_attention(const char* op, const PagedAttentionParams& p) {
 
 // One branch per pair of dispatch.cuh's PAGED_ATTN_CUDA_PAIRS (the build compiles each pair's
 // kernels in a file generated from the same list), onto the kernel kernel_choice.h picks for the
-// device (PAGED_ATTN_CUDA_KERNEL, else the rule; a bad setting raises here).
-void launch_attention(const PagedAttentionParams& p, cudaStream_t stream,
-                      c10::DeviceIndex device, int code_arch) {
+// device (PAGED_ATTN_CUDA_KERNEL, else the rule; a bad setting raises here). Returns the kernel
+// launched.
+cuda::AttentionKernel launch_attention(const PagedAttentionParams& p, cudaStream_t stream,
+                                       c10::DeviceIndex device, int code_arch) {
   std::string error;
   const cuda::AttentionKernel kernel = cuda::choose_attention_kernel(device, code_arch, &error);
   TORCH_CHECK(error.empty(), "paged_attn: ", error);
@@ -161,7 +162,8 @@ void launch_attention(const PagedAttentionParams& p, cudaStream_t stream,
     } else {                                                                                   \
       cuda::launch_paged_attention<ScalarKind::S, CacheKind::C>(p, stream);                    \
     }                                                                                          \
-    return cuda::count_attention_launch(ran);                                                  \
+    cuda::count_attention_launch(ran);                                                         \
+    return ran;                                                                                \
   }
   PAGED_ATTN_CUDA_PAIRS(PAGED_ATTN_LAUNCH_PAIR)
 #undef PAGED_ATTN_LAUNCH_PAIR
@@ -226,8 +228,17 @@ void attention(const char* op, const PagedAttentionParams& params, bool is_v2,
       p.partition_size = plan.partition_size;
     }
   }
-  launch_attention(p, stream, device.index(), code_arch);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const cuda::AttentionKernel ran = launch_attention(p, stream, device.index(), code_arch);
+  // A failed launch names the kernel: the pipelined ones also fail when the driver refuses their
+  // dynamic shared memory (attention_launch.cuh), which the baseline does not use.
+  const cudaError_t launch_error = cudaGetLastError();
+  TORCH_CHECK(launch_error == cudaSuccess, "paged_attn.", op, ": launching the '",
+              cuda::attention_kernel_name(ran), "' CUDA attention kernel failed: ",
+              cudaGetErrorName(launch_error), ": ", cudaGetErrorString(launch_error),
+              ran == cuda::AttentionKernel::kBaseline
+                  ? ""
+                  : " (PAGED_ATTN_CUDA_KERNEL=baseline selects the kernel without dynamic shared "
+                    "memory)");
   if (p.partition_size > 0) {
     launch_reduce(p, stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
