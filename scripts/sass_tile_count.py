@@ -15,12 +15,44 @@ come from this script. Two steps:
    instruction mix and its branch; `<-- back edge` marks a branch to a lower address (a loop).
 
 2. Read the listing, pick the path (the main tile loop: the back edge to the loop head; which
-   side of each branch a full tile takes) and count it. For the kernel above, as compiled at the
-   time docs/CUDA.md's counts were made (the addresses move with any change to the kernel):
-     python scripts/sass_tile_count.py --sass /tmp/k.sass \
-         --part loop=5c70-5ca0 --part copies=5cb0-7ae0 --skip 5f80-6790 --skip 6d00-75e0 \
-         --part qk=7af0-81f0 --part softmax=8200-8b30 --part pv=8b40-8ea0 --part loop=8eb0-8f00
-   (skipped: the blocksparse mask, the element-by-element and the token-major V copies).
+   side of each branch a full tile takes) and count it. The counts in docs/CUDA.md, for the
+   kernels as compiled when they were made (the addresses move with any change to the kernel;
+   listings saved with --save from --kernel "__nv_bfloat16, CacheKind::<cache>, 4, <heads>, 32,
+   4, <mma>"):
+     # kAuto, 4 heads, true (the 8-head listing has the same tile loop at the same addresses)
+     python scripts/sass_tile_count.py --sass bf16_mma4.sass \
+         --part loop=6220-6250 --part copies=6260-8710 --skip 6620-6ed0 --skip 7cd0-8640 \
+         --part qk=8720-8ba0 --part softmax=8bb0-93e0 --skip 91b0-93a0 --part pv=93f0-95d0 \
+         --part loop=a3d0-a420
+     # kFp8E4M3, 4 heads, true
+     python scripts/sass_tile_count.py --sass fp8_mma4.sass \
+         --part loop=80d0-8100 --part copies=8110-a3d0 --skip 8470-8d00 --skip 9ab0-a370 \
+         --part qk=a3e0-ad60 --part qk=af30-b6d0 --part softmax=ad70-af20 \
+         --part softmax=b6e0-c040 --skip be00-bff0 --part pv=c050-ccf0 --part loop=f880-f8d0
+     # kAuto, 4 heads, false
+     python scripts/sass_tile_count.py --sass bf16_cc4.sass \
+         --part loop=5440-5470 --part copies=5480-7160 --skip 5740-5f30 --skip 68b0-7100 \
+         --part qk=7170-7320 --part qk=7660-7670 --part qkloop=7680-7ce0 --times qkloop=2 \
+         --part qk=7cf0-7cf0 --part softmax=7d00-8aa0 --part pv=8ab0-8f50 --part pv=9330-9bd0 \
+         --part loop=9be0-9c80
+     # kAuto, 8 heads, false
+     python scripts/sass_tile_count.py --sass bf16_cc8.sass \
+         --part loop=5630-5660 --part copies=5670-76d0 --skip 5960-6170 --skip 6d70-7660 \
+         --part qk=76e0-79a0 --part qk=7f70-7f80 --part qkloop=7f90-8af0 --times qkloop=2 \
+         --part qk=8b00-8b00 --part softmax=8b10-a5b0 --part pv=a5c0-aae0 --part pv=aef0-c020 \
+         --part loop=c030-c110
+     # kFp8E4M3, 4 heads, false
+     python scripts/sass_tile_count.py --sass fp8_cc4.sass \
+         --part loop=5330-5360 --part copies=5370-7100 --skip 5610-5e70 --skip 6840-70a0 \
+         --part qk=7110-7380 --part qk=7ac0-7ad0 --part qkloop=7ae0-88c0 --times qkloop=2 \
+         --part qk=88d0-88d0 --part softmax=88e0-97b0 --part pv=97c0-9840 \
+         --part pvloop=9850-9ea0 --part pvloop=a430-ad20 --times pvloop=2 --part pv=ad30-ad30 \
+         --part loop=ad40-ade0
+   Skipped: the blocksparse mask, the element-by-element and the token-major V copies, on
+   tensor cores the accumulator rescale (taken only in a tile where a running max grew: 32
+   FMULs) and the token-major copy of the tile's QK / softmax / P.V (the ranges after the vLLM
+   copy's closing branch); on CUDA cores the token-major side of P.V and the odd-count
+   remainder of the QK loop (not reached at head 128).
    Every instruction in a part's address ranges (hex, inclusive; --part may repeat a name) counts
    once, except those in a --skip range; `--times NAME=N` multiplies a part (a loop that is not unrolled). A predicated
    instruction counts whether its predicate is true or not: it takes an issue slot either way.
