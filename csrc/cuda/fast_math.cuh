@@ -1,15 +1,27 @@
 // fast_math.cuh — the exponential of the kernels' softmax probabilities.
 #pragma once
 
+#include <cmath>
+
 namespace paged_attn {
 namespace cuda {
 
-// e^x for a probability exp(logit - running max), x <= 0: __expf is the hardware's base-2
-// exponential of x * log2(e) (2 instructions; expf's exact range reduction costs ~10 per call,
-// once per token and head). Its error, 2 + floor(1.173 |x|) ulp by the CUDA programming guide,
-// grows only where the probability is already below e^-17 of the row's largest. The host
-// simulation (tests/cuda_sim) defines __expf as std::exp.
-__device__ __forceinline__ float fast_exp(float x) { return __expf(x); }
+// e^x for a probability exp(logit - running max), x <= 0, as the hardware's base-2 exponential
+// of x * log2(e) with subnormal results flushed to zero (ex2.approx.ftz: a multiply and one
+// MUFU.EX2, where expf's exact range reduction and __expf's subnormal handling take 6-10
+// instructions, once per token and head). The flush only zeroes probabilities below 2^-126 of the
+// row's largest; ex2.approx's relative error is about 2^-22, plus the rounding of x * log2(e)
+// (relative 2^-24 of x). ex2(0) is exactly 1 (PTX ISA), so a max that did not grow still gives the
+// factor 1 exactly. The host simulation (tests/cuda_sim) computes std::exp.
+__device__ __forceinline__ float fast_exp(float x) {
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+  return y;
+#else
+  return std::exp(x);
+#endif
+}
 
 }  // namespace cuda
 }  // namespace paged_attn

@@ -247,7 +247,6 @@ T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
   return cuda_sim::exchange(v, rank - lane + ((src / width == lane / width) ? src : lane));
 }
 [[noreturn]] inline void __trap() { cuda_sim::fail("__trap()"); }
-inline float __expf(float x) { return std::exp(x); }
 // the device library's overloads the kernels call unqualified
 using std::isnan;
 inline int min(int a, int b) { return a < b ? a : b; }
