@@ -404,17 +404,16 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
             ldmatrix_x4<false>(kb, k_stage + ((8 * b + row) * Cfg::kKRowBytes +  // 16s + 8 matrix..
                                               (16 * s + 8 * matrix) * kElem));
           };
-          // V: one tile per form, so that no slice of the tile tests the form
-          if (token_major) {  // [token][dim] rows, transposed: token 8b + row, dims 16s + 8 matrix..
-            mma.tile(mma_ops, head_size, k_frags, [&](int b, int s, uint32_t va[4]) {
+          // NOTE: one tile for both V forms (a predicated ldmatrix per slice): a tile per form
+          // made ptxas recompute the copies' loop invariants in every tile
+          auto v_frags = [&](int b, int s, uint32_t va[4]) {
+            if (token_major)  // [token][dim] rows, transposed: token 8b + row, dims 16s + 8 matrix..
               ldmatrix_x4<true>(va, v_stage + ((8 * b + row) * Cfg::kVTokenRowBytes +
                                                (16 * s + 8 * matrix) * kElem));
-            }, logit);
-          } else {  // vLLM [dim][token] rows: dim 16s + lane, tokens 8b..
-            mma.tile(mma_ops, head_size, k_frags, [&](int b, int s, uint32_t va[4]) {
+            else  // vLLM [dim][token] rows: dim 16s + lane, tokens 8b..
               ldmatrix_x4<false>(va, v_stage + ((16 * s + lane) * Cfg::kVRowBytes + 8 * b * kElem));
-            }, logit);
-          }
+          };
+          mma.tile(mma_ops, head_size, k_frags, v_frags, logit);
           __syncwarp();  // NOTE: the slot is rewritten only after every lane read it
           continue;
         }
@@ -492,10 +491,8 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
             merge_stats(SoftmaxStats{run_max[g], 0.0f}, SoftmaxStats{tile_max, 0.0f}, f);
         const float prob = merged.max == -INFINITY ? 0.0f : fast_exp(logit[g] - merged.max);
         lane_sum[g] = lane_sum[g] * f.scale_a + (qk_sub == 0 ? prob : 0.0f);
-        if (f.scale_a != 1.0f) {  // warp-uniform; 1 exactly (exp(0)) when the max did not grow
 #pragma unroll
-          for (int j = 0; j < kDimsPerLane; ++j) acc[g][j] *= f.scale_a;
-        }
+        for (int j = 0; j < kDimsPerLane; ++j) acc[g][j] *= f.scale_a;
         run_max[g] = merged.max;
         if (qk_sub == 0) smem_probs[warp][g][qk_tok] = prob;
       }

@@ -11,8 +11,7 @@ namespace cuda {
 // MUFU.EX2, where expf's exact range reduction and __expf's subnormal handling take 6-10
 // instructions, once per token and head). The flush only zeroes probabilities below 2^-126 of the
 // row's largest; ex2.approx's relative error is about 2^-22, plus the rounding of x * log2(e)
-// (relative 2^-24 of x). ex2(0) is exactly 1 (PTX ISA), so a max that did not grow still gives the
-// factor 1 exactly. The host simulation (tests/cuda_sim) computes std::exp.
+// (relative 2^-24 of x). The host simulation (tests/cuda_sim) computes std::exp.
 __device__ __forceinline__ float fast_exp(float x) {
 #if defined(__CUDA_ARCH__)
   float y;

@@ -152,14 +152,14 @@ PA_UNROLL
     // the accumulator's columns are heads 2t and 2t + 1: their factors from lanes 8t and 8t + 4
     const float scale_lo = ops.shfl(f.scale_a, 8 * t);
     const float scale_hi = ops.shfl(f.scale_a, 8 * t + 4);
-    if (scale_lo != 1.0f || scale_hi != 1.0f) {  // 1 exactly (exp(0)) when no max grew: skipped
+    // NOTE: no branch around the rescale when no max grew: with one, ptxas recomputed the
+    // kernel's loop invariants in every tile, more instructions than the 32 multiplies it skips
 PA_UNROLL
-      for (int s = 0; s < kSteps; ++s) {
-        acc[s][0] *= scale_lo;
-        acc[s][1] *= scale_hi;
-        acc[s][2] *= scale_lo;
-        acc[s][3] *= scale_hi;
-      }
+    for (int s = 0; s < kSteps; ++s) {
+      acc[s][0] *= scale_lo;
+      acc[s][1] *= scale_hi;
+      acc[s][2] *= scale_lo;
+      acc[s][3] *= scale_hi;
     }
 
     // ---- PV: O^T[16s + g (+8)][2t, 2t+1] += V^T . P^T ----
