@@ -109,6 +109,21 @@ def test_edge_batches(seq_lens):
         assert torch.equal(out, torch.zeros_like(out))
 
 
+@pytest.mark.parametrize("scale_as_tensor", [False, True])
+def test_auto_caches_ignore_the_kv_scales(scale_as_tensor):
+    # kv_cache_dtype "auto": k_scale / v_scale are not applied (only fp8 values are decoded
+    # byte * scale; the oracle ignores them), in v1 / v2 and in decode.
+    k_scale, v_scale = (torch.tensor(0.37), torch.tensor(1.9)) if scale_as_tensor else (0.37, 1.9)
+    inputs = _inputs((torch.bfloat16, "auto", (8, 2, 64, 16), True), seed=23,
+                     seq_lens=[100, 600, 7])
+    inputs.k_scale, inputs.v_scale = k_scale, v_scale
+    _check(inputs)
+    dec = testing.make_decode_inputs(2, 8, 2, 64, 16, [100, 600], layout="hnd", use_alibi=True,
+                                     seed=24)
+    dec.k_scale, dec.v_scale = k_scale, v_scale
+    conformance.require(*conformance.decode(FALLBACK, dec))
+
+
 def test_bad_rows_raise_on_cpu():
     # CPU tensors: the data checks run (the CPU contract), e.g. a used block id out of range.
     inputs = _inputs((torch.float32, "auto", (4, 2, 32, 16), False), seed=3, seq_lens=[40, 20])
