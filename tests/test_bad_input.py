@@ -123,6 +123,22 @@ def key_cache_inner_transposed(a):
     a["key_cache"] = t
 
 
+def value_cache_rows_padded(a):
+    """Caches whose V rows ([block_size] tokens of one head dim) are padded by one element:
+    value_cache.stride(2) = block_size + 1, last dim contiguous, block / head strides equal to
+    the key_cache's (also padded), so only the V inner-contiguity rule is broken."""
+    k, v = a["key_cache"], a["value_cache"]
+    nb, kvh, dx, bs, x = k.shape
+    head = dx * x * (bs + 1)  # elements per (block, head) slice, room for the padded V rows
+    k_strided = torch.full((nb * kvh * head,), float("nan")).as_strided(
+        k.shape, (kvh * head, head, bs * x, x, 1))
+    v_strided = torch.full((nb * kvh * head,), float("nan")).as_strided(
+        v.shape, (kvh * head, head, bs + 1, 1))
+    k_strided.copy_(k)
+    v_strided.copy_(v)
+    a["key_cache"], a["value_cache"] = k_strided, v_strided
+
+
 def smaller_scratch(a):
     for name in ("exp_sums", "max_logits", "tmp_out"):
         a[name] = a[name][:, :, :1].contiguous()
@@ -216,6 +232,13 @@ CASES = [
                set_("value", lambda t: torch.randn(5, 2, 64)))),
     case(r"value_cache .* key_cache", "num_blocks_differ", "v2", r"value_cache shape",
          set_("value_cache", lambda t: t[:-1])),
+    # A view of the valid value_cache, one token shorter per block: every stride (so the
+    # inner-contiguity and stride rules) still holds, only the block_size rule catches it.
+    case(r"value_cache .* key_cache", "block_size_differs", "v1", r"value_cache shape",
+         set_("value_cache", lambda t: t[..., :-1])),
+    case(r"value_cache .* key_cache", "block_head_strides_differ", "v2",
+         r"value_cache block/head strides \(\d+, \d+\) do not match key_cache",
+         set_("value_cache", lambda t: testing.strided_cache_view(t, "head_padding"))),
     case(r"head_size \(\d+\) must be divisible by x", "head_size_not_multiple_of_x", "v1",
          r"head_size \(34\) must be divisible by x \(4\)", lambda a: with_head_size(a, 34)),
     case(r"key_cache.size\(4\) must be x", "key_cache_x", "v2", r"x = 16 / element size = 4",
@@ -261,6 +284,8 @@ CASES = [
          set_("query", noncontig_copy)),
     case(CONTIG_ROW, "key_cache_inner_contiguous", "v1", r"key_cache must be contiguous",
          key_cache_inner_transposed),
+    case(CONTIG_ROW, "value_cache_inner_contiguous", "v2", r"value_cache must be contiguous",
+         value_cache_rows_padded),
     case(CONTIG_ROW, "key_last_dim_stride", "reshape_and_cache", r"key .*stride",
          set_("key", noncontig_copy)),
     case(r"device", "device_key_cache", "v2", r"key_cache is on device", set_("key_cache", META)),
@@ -271,6 +296,13 @@ CASES = [
     case(r"alibi_slopes", "alibi_shape", "v2", r"alibi_slopes", set_("alibi_slopes", torch.zeros(3))),
     case(r"alibi_slopes", "alibi_dtype", "v1", r"alibi_slopes",
          set_("alibi_slopes", torch.zeros(4, dtype=torch.float16))),
+    case(r"alibi_slopes", "alibi_contiguous", "v2", r"alibi_slopes must be a contiguous",
+         set_("alibi_slopes", noncontig_copy(torch.rand(4)))),
+    case(r"device", "device_alibi_slopes", "v1", r"alibi_slopes is on device",
+         set_("alibi_slopes", torch.rand(4, device="meta"))),
+    case(r"device", "device_exp_sums", "v2", r"exp_sums is on device", set_("exp_sums", META)),
+    case(r"device", "device_k_scale", "v2", r"k_scale is on device",
+         both_scales(torch.ones((), device="meta"), torch.ones(()))),
     case(r"k_scale", "k_scale_two_elements", "v2", r"k_scale",
          both_scales(torch.ones(2), torch.ones(()))),
     case(r"k_scale", "v_scale_float64", "v1", r"v_scale",

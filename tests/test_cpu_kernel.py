@@ -107,6 +107,47 @@ def test_scale_overloads_and_fused_query(kernel, scale_as_tensor):
     check_v1_v2(inp, extra_partitions=2)
 
 
+@pytest.mark.parametrize("scale_as_tensor", [False, True])
+def test_auto_caches_ignore_the_kv_scales(kernel, scale_as_tensor):
+    """kv_cache_dtype "auto": k_scale / v_scale are not applied (only fp8 values are decoded
+    byte * scale; the oracle ignores them), whatever their form."""
+    inp = testing.make_attention_inputs(3, 8, 2, 64, 16, [100, 600, 7], dtype=torch.bfloat16,
+                                        use_alibi=True, scale_as_tensor=scale_as_tensor, seed=23)
+    inp.k_scale = torch.tensor(0.37) if scale_as_tensor else 0.37
+    inp.v_scale = torch.tensor(1.9) if scale_as_tensor else 1.9
+    check_v1_v2(inp)
+    dec = testing.make_decode_inputs(2, 8, 2, 64, 16, [100, 600], layout="hnd",
+                                     scale_as_tensor=scale_as_tensor, seed=24)
+    dec.k_scale, dec.v_scale = inp.k_scale, inp.v_scale
+    conformance.require(*conformance.decode(OPS, dec))
+
+
+@pytest.mark.parametrize("kv", ["fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("which", ["key", "value"])
+def test_fp8_nan_byte_in_an_attended_slot_reaches_the_output(kernel, kv, which):
+    """value = decoded byte * scale (CONTRACT.md), the NaN byte (0x7F) included: a NaN in an
+    attended slot reaches exactly the outputs it reaches in the oracle (a K NaN: every dim of the
+    query heads of its KV head; a V NaN: that one dim of them). A vector decode mapping the NaN
+    byte to a finite value (e4m3's 0x7F is 480 by its exponent bits) would also make every read
+    of the NaN-poisoned unused slots of fp8 caches invisible to the other tests."""
+    inp = testing.make_attention_inputs(2, 8, 2, 64, 16, [40, 21], kv_cache_dtype=kv, seed=21)
+    block = int(inp.block_tables[0, 1])  # row 0's second block: tokens 16..31, all attended
+    if which == "key":  # [num_blocks, kv_heads, head_size / 16, block_size, 16]: token 19, dim 37
+        inp.key_cache[block, 1, 2, 3, 5] = testing.FP8_NAN_BYTE
+    else:  # [num_blocks, kv_heads, head_size, block_size]: token 19, dim 7
+        inp.value_cache[block, 1, 7, 3] = testing.FP8_NAN_BYTE
+    want = testing.call_v1(reference.paged_attention_v1, inp, testing.alloc_v1_outputs(inp))
+    # The oracle: NaN only in row 0's query heads 4..7 (KV head 1 of a GQA group of 4).
+    assert want[0, 4:].isnan().any() and not want[0, :4].isnan().any()
+    assert not want[1].isnan().any()
+    got_v1 = testing.call_v1(OPS.v1, inp, testing.alloc_v1_outputs(inp))
+    got_v2 = testing.call_v2(OPS.v2, inp, testing.alloc_v2_outputs(inp)).out
+    atol, rtol = testing.tolerances(inp.dtype, kv)
+    for name, got in (("v1", got_v1), ("v2", got_v2)):
+        assert torch.equal(got.isnan(), want.isnan()), f"{name}: NaN pattern differs"
+        torch.testing.assert_close(got, want, atol=atol, rtol=rtol, equal_nan=True)
+
+
 def test_all_rows_empty(kernel):
     inp = testing.make_attention_inputs(2, 4, 2, 32, 16, [0, 0], seed=3)
     out = testing.call_v1(OPS.v1, inp, testing.alloc_v1_outputs(inp))

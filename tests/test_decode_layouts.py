@@ -172,9 +172,14 @@ def test_compile_fullgraph_fallback_decode():
                          [(torch.float16, "auto", 20), (torch.float32, "fp8_e5m2", 36),
                           (torch.bfloat16, "auto", 1)])
 def test_head_sizes_no_v1_cache_holds(backend, dtype, kv_cache_dtype, head_size):
-    """decode has no x: any head_size (here cut from a wider cache: views with strided rows)."""
+    """decode has no x: any head_size (here cut from a wider cache: views with strided rows).
+    The cut-off dims of the caches and the query hold NaN: a kernel whose last, partial vector of
+    a row reads past head_size (masked to the vector's width, not to head_size) shows NaN."""
     wide = testing.make_decode_inputs(3, 4, 2, 48, 5, [600, 0, 13], layout="hnd", dtype=dtype,
                                       kv_cache_dtype=kv_cache_dtype, use_alibi=True, seed=8)
+    for cache in (wide.key_cache, wide.value_cache):  # views: the writes reach their storage
+        cache[..., head_size:] = float("nan") if cache.is_floating_point() else testing.FP8_NAN_BYTE
+    wide.query[..., head_size:] = float("nan")
     inputs = dataclasses.replace(wide, query=wide.query[..., :head_size],
                                  key_cache=wide.key_cache[..., :head_size],
                                  value_cache=wide.value_cache[..., :head_size],

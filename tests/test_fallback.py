@@ -109,6 +109,21 @@ def test_edge_batches(seq_lens):
         assert torch.equal(out, torch.zeros_like(out))
 
 
+@pytest.mark.parametrize("scale_as_tensor", [False, True])
+def test_auto_caches_ignore_the_kv_scales(scale_as_tensor):
+    # kv_cache_dtype "auto": k_scale / v_scale are not applied (only fp8 values are decoded
+    # byte * scale; the oracle ignores them), in v1 / v2 and in decode.
+    k_scale, v_scale = (torch.tensor(0.37), torch.tensor(1.9)) if scale_as_tensor else (0.37, 1.9)
+    inputs = _inputs((torch.bfloat16, "auto", (8, 2, 64, 16), True), seed=23,
+                     seq_lens=[100, 600, 7])
+    inputs.k_scale, inputs.v_scale = k_scale, v_scale
+    _check(inputs)
+    dec = testing.make_decode_inputs(2, 8, 2, 64, 16, [100, 600], layout="hnd", use_alibi=True,
+                                     seed=24)
+    dec.k_scale, dec.v_scale = k_scale, v_scale
+    conformance.require(*conformance.decode(FALLBACK, dec))
+
+
 def test_bad_rows_raise_on_cpu():
     # CPU tensors: the data checks run (the CPU contract), e.g. a used block id out of range.
     inputs = _inputs((torch.float32, "auto", (4, 2, 32, 16), False), seed=3, seq_lens=[40, 20])
@@ -130,6 +145,31 @@ def test_bad_rows_are_nan_without_checks(monkeypatch):
     testing.call_v2(fallback.paged_attention_v2, inputs, outs)
     assert outs.out[1:].isnan().all()
     testing.assert_out_matches(outs.out[:1], want[:1], torch.float32)
+
+
+def test_bad_rows_are_nan_without_checks_at_the_bounds(monkeypatch):
+    # The sync-free flags at their exact bounds, one rule broken by the least amount per row:
+    # seq_len = capacity + 1 with every table entry valid (v1 / v2 would silently drop the last
+    # token; with garbage past the used blocks the bad-id flag would catch the row instead),
+    # seq_len = -1 (would give zeros), a used block id equal to num_blocks (clamped, block
+    # num_blocks - 1 would be read silently). Block num_blocks - 1 is made all finite, else its
+    # NaN poison would hide these reads.
+    monkeypatch.setattr(fallback, "_run_data_checks", lambda device: False)
+    inputs = _inputs((torch.float32, "auto", (4, 2, 32, 16), False), seed=6,
+                     seq_lens=[40, 20, 33, 50])
+    inputs.key_cache[-1] = torch.randn(inputs.key_cache.shape[1:])
+    inputs.value_cache[-1] = torch.randn(inputs.value_cache.shape[1:])
+    want = testing.call_v1(reference.paged_attention_v1, inputs, testing.alloc_v1_outputs(inputs))
+    capacity = inputs.block_tables.shape[1] * inputs.block_size
+    inputs.block_tables[1] = inputs.num_blocks - 1
+    inputs.seq_lens[1] = capacity + 1
+    inputs.seq_lens[2] = -1
+    inputs.block_tables[3, 2] = inputs.num_blocks  # used: row 3 has 4 blocks
+    v1 = testing.call_v1(fallback.paged_attention_v1, inputs, testing.alloc_v1_outputs(inputs))
+    v2 = testing.call_v2(fallback.paged_attention_v2, inputs, testing.alloc_v2_outputs(inputs)).out
+    for out in (v1, v2):
+        assert out[1:].isnan().all()
+        testing.assert_out_matches(out[:1], want[:1], torch.float32)
 
 
 @pytest.mark.parametrize("budget_scale", [1, fallback.ACCELERATOR_BUDGET_SCALE])
@@ -184,6 +224,36 @@ def test_reshape_and_cache_matches_oracle(dtype, kv_cache_dtype, scale_as_tensor
     if padding == "all":
         assert torch.equal(written.actual[0].view(torch.uint8),
                            inputs.key_cache.view(torch.uint8))
+
+
+@pytest.mark.parametrize("op", ["reshape_and_cache", "reshape_and_cache_flash"])
+def test_cache_write_skips_out_of_range_slots_without_checks(monkeypatch, op):
+    # Off the CPU nothing may sync, so a slot >= num_blocks * block_size (the CPU rejects it) is
+    # skipped like a padding slot: never an out-of-bounds write, the other tokens written.
+    monkeypatch.setattr(fallback, "_run_data_checks", lambda device: False)
+    if op == "reshape_and_cache":
+        inputs = _inputs((torch.bfloat16, "fp8_e4m3", (4, 2, 64, 16), False), seed=8,
+                         seq_lens=[30, 17])
+    else:
+        inputs = testing.make_decode_inputs(2, 4, 2, 64, 16, [30, 17], layout="hnd",
+                                            dtype=torch.bfloat16, kv_cache_dtype="fp8_e4m3",
+                                            seed=8)
+    num_slots = inputs.num_blocks * 16
+    gen = torch.Generator().manual_seed(3)
+    key = torch.randn(6, 2, 64, generator=gen).to(torch.bfloat16)
+    value = torch.randn(6, 2, 64, generator=gen).to(torch.bfloat16)
+    slots = torch.tensor([5, num_slots, 40, -1, num_slots + 7, 0])
+    kept = torch.where(slots < num_slots, slots, -1)  # what the write must do
+    caches = []
+    for fn, slot_mapping in ((getattr(FALLBACK, op), slots),
+                             (getattr(reference, op), kept)):
+        k_cache = conformance.same_layout_copy(inputs.key_cache)
+        v_cache = conformance.same_layout_copy(inputs.value_cache)
+        fn(key, value, k_cache, v_cache, slot_mapping, "fp8_e4m3", inputs.k_scale, inputs.v_scale)
+        caches.append((k_cache, v_cache))
+    (got_k, got_v), (want_k, want_v) = caches
+    assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
+    assert not torch.equal(want_k, inputs.key_cache)  # the live tokens were written
 
 
 # ---- sync-freedom ----
