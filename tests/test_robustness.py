@@ -86,3 +86,20 @@ def test_mixed_devices_rejected(misplaced):
         setattr(inputs, misplaced, getattr(inputs, misplaced).to("meta"))
     with pytest.raises((ValueError, RuntimeError), match=rf"{misplaced}.*device|device.*{misplaced}"):
         testing.call_v1(torch.ops.paged_attn.v1, inputs, out)
+
+
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
+def test_empty_batch(backend):
+    """num_seqs = 0 (a step with no decode rows) and num_tokens = 0: every op returns and writes
+    nothing (the fallback once divided by the batch size here)."""
+    impl = backends.backend(backend).ops
+    inputs = testing.make_attention_inputs(0, 8, 2, 64, 16, [], seed=4)
+    conformance.require(*conformance.attention(impl, inputs, max_num_partitions=1))
+    dec = testing.make_decode_inputs(0, 8, 2, 64, 16, [], layout="hnd", seed=4)
+    conformance.require(*conformance.decode(impl, dec))
+    key_cache, value_cache = inputs.key_cache.clone(), inputs.value_cache.clone()
+    no_tokens = torch.empty(0, 2, 64)
+    impl.reshape_and_cache(no_tokens, no_tokens, key_cache, value_cache,
+                           torch.empty(0, dtype=torch.int64), "auto", 1.0, 1.0)
+    assert torch.equal(key_cache.nan_to_num(7.0), inputs.key_cache.nan_to_num(7.0))
+    assert torch.equal(value_cache.nan_to_num(7.0), inputs.value_cache.nan_to_num(7.0))
