@@ -34,7 +34,13 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 if "CUDA_HOME" not in os.environ and os.path.isdir("/usr/local/cuda"):
     os.environ["CUDA_HOME"] = "/usr/local/cuda"
 
-import torch  # noqa: E402  (after the environment defaults above)
+try:
+    import torch  # noqa: E402  (after the environment defaults above)
+except ImportError:
+    sys.exit("paged_attention_ext builds against the torch you already have, and this python has "
+             "none. Install torch first (e.g. pip install torch), then build with "
+             "`pip install --no-build-isolation -e .`: plain `pip install .` builds in an isolated "
+             "environment without torch (docs/BUILD.md).")
 from torch.utils import cpp_extension  # noqa: E402
 
 
@@ -172,8 +178,16 @@ class Develop(Command):
         pass
 
     def run(self):
+        # The package's other dependencies (rich) are installed with it; torch is pinned to the
+        # installed version so pip never replaces it. A torch without pip metadata (built from
+        # source) cannot be pinned: then nothing but this package is installed.
+        from importlib import metadata
+        try:
+            extra = ["torch==" + metadata.version("torch")]
+        except metadata.PackageNotFoundError:
+            extra = ["--no-deps"]
         subprocess.check_call([sys.executable, "-m", "pip", "install", "--no-build-isolation",
-                               "--no-deps", "-e", ROOT])
+                               "-e", ROOT] + extra)
 
 
 setup(

@@ -76,8 +76,9 @@ if [[ ! -f "$STAMP_FILE" || "$(cat "$STAMP_FILE")" != "$STAMP" ]] || ! ls paged_
   log "building the extension (setup.py build_ext --inplace)"
   "$PY" setup.py build_ext --inplace 2>&1 | tee -a "${PAGED_ATTN_BUILD_LOG:-/dev/null}" | tail -n 3 >&2
   if ! "$PY" -m pip show paged_attention_ext >/dev/null 2>&1; then
-    # setup.py's develop command runs `pip install --no-build-isolation --no-deps -e .` against
-    # this torch (plain `setup.py develop` fails with setuptools >= 80 otherwise: docs/BUILD.md);
+    # setup.py's develop command runs `pip install --no-build-isolation -e . torch==<this torch>`:
+    # the other dependencies installed, torch kept (plain `setup.py develop` fails with
+    # setuptools >= 80 otherwise: docs/BUILD.md);
     # the build above is reused, so this only installs the package and the paged-attn command.
     log "installing the package in editable mode (python setup.py develop)"
     "$PY" setup.py -q develop >&2

@@ -229,8 +229,8 @@ def main(argv: Optional[list] = None) -> int:
     try:
         import rich  # noqa: F401  (tables and progress of every subcommand)
     except ImportError:
-        print("paged-attn needs the 'rich' package: pip install rich "
-              "(or pip install 'paged_attention_ext[bench]')", file=sys.stderr)
+        print("paged-attn needs the 'rich' package (a dependency of paged_attention_ext that an "
+              "install with --no-deps skips): pip install 'rich>=13'", file=sys.stderr)
         return EXIT_USAGE
     if args.command == "bench" and from_command_line:
         _reexec_with_passive_omp(argv)
