@@ -71,9 +71,13 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
       the CPU; CUDA kernels skip them to stay sync-free and write NaN rows for invalid input, so
       turn this on while debugging a scheduler on CUDA.
     tp_rank, blocksparse_*: vLLM's blocksparse attention (docs/CONTRACT.md), active when
-      blocksparse_vert_stride > 1. Computed by the PyTorch implementation; the compiled kernels
-      (C++ CPU, CUDA) raise ValueError for it until they implement it.
+      blocksparse_vert_stride > 1; every backend computes it.
     """
+    # The shapes this function reads, checked first so a wrong one is named as the op names it.
+    fn = "paged_attention"
+    validation.check_tensor_rank(fn, query, "query", 3, "[num_seqs, num_heads, head_size]")
+    validation.check_tensor_rank(fn, key_cache, "key_cache", 5,
+                                 "[num_blocks, num_kv_heads, head_size / x, block_size, x]")
     num_seqs, num_heads, head_size = query.shape
     num_kv_heads, block_size = key_cache.size(1), key_cache.size(3)
     if max_seq_len is None:
@@ -170,6 +174,11 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
     validate: run the data-dependent checks (block ids, lengths) first; the CPU always runs
       them, a CUDA kernel skips them to stay sync-free.
     """
+    fn = "paged_decode"
+    validation.check_tensor_rank(fn, query, "query", 3, "[num_seqs, num_heads, head_size]")
+    for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
+        validation.check_tensor_rank(fn, cache, name, 4,
+                                     f"(kv_layout {kv_layout!r}: see paged_decode's docstring)")
     key_cache, value_cache = _nhd_views("paged_decode", key_cache, value_cache, kv_layout)
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])

@@ -211,6 +211,15 @@ def check_blocksparse(op, sparse):
                  f"{name} ({value}) must fit in a 32-bit int (|value| <= {_INT32_MAX}) {why}")
 
 
+def check_tensor_rank(fn, t, name, rank, shape_in_words):
+    """TypeError unless t is a tensor, ValueError unless it has `rank` dims. For the API
+    functions (fn: the function's name) that read a shape before the op's own checks run."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != rank:
+        raise ValueError(f"{fn}: {name} must be {rank}-D {shape_in_words}, got shape {_shape(t)}")
+
+
 def _check_query(op, query):
     """query [num_seqs, num_heads, head_size], fp32/fp16/bf16, last dim contiguous."""
     _require(query.dim() == 3, op,
@@ -281,8 +290,7 @@ def check_attention_args(op, args):
     """Shape/dtype/device/stride checks of v1 or v2 (args: op_args.V1Args / V2Args;
     validate.cpp make_attention_params). Reads no tensor data, so it runs on meta tensors and
     FakeTensors. Returns the cache kind ("auto", "fp8_e4m3" or "fp8_e5m2").
-    Blocksparse: its arguments are checked here (the PyTorch implementations compute it); the
-    compiled kernels reject every active blocksparse call instead (validate.cpp)."""
+    Blocksparse: its arguments are checked here (check_blocksparse; validate.cpp the same)."""
     a = args
     check_blocksparse(op, blocksparse_of(a))
     kind = parse_kv_cache_dtype(op, a.kv_cache_dtype)

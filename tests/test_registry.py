@@ -98,6 +98,34 @@ def test_api_validate_rejects_bad_block_id():
                            inputs.block_tables, inputs.seq_lens, validate=True)
 
 
+@pytest.mark.parametrize("fn,arg,bad,error,message", [
+    ("paged_attention", "query", lambda i: i.query[0], ValueError,
+     r"paged_attention: query must be 3-D \[num_seqs, num_heads, head_size\], got shape \[8, 32\]"),
+    ("paged_attention", "query", lambda i: i.query.tolist(), TypeError,
+     r"paged_attention: query must be a torch.Tensor, got list"),
+    ("paged_attention", "key_cache", lambda i: i.key_cache[..., 0], ValueError,
+     r"paged_attention: key_cache must be 5-D .*got shape \[\d+, 4, 8, 8\]"),
+    ("paged_decode", "query", lambda i: i.query[None], ValueError,
+     r"paged_decode: query must be 3-D .*got shape \[1, 2, 8, 32\]"),
+    ("paged_decode", "value_cache", lambda i: i.value_cache[:, 0], ValueError,
+     r"paged_decode: value_cache must be 4-D \(kv_layout 'hnd'.*got shape"),
+])
+def test_api_shape_errors_name_the_function(fn, arg, bad, error, message):
+    # The API functions read shapes before the op's checks run: a wrong rank or a non-tensor is
+    # named, never an unpacking ValueError, IndexError or AttributeError from inside.
+    if fn == "paged_attention":
+        inputs = testing.make_attention_inputs(2, 8, 4, 32, 8, [9, 20], seed=3)
+    else:
+        inputs = testing.make_decode_inputs(2, 8, 4, 32, 8, [9, 20], layout="hnd", seed=3)
+    kwargs = dict(query=inputs.query, key_cache=inputs.key_cache, value_cache=inputs.value_cache,
+                  block_tables=inputs.block_tables, seq_lens=inputs.seq_lens)
+    kwargs[arg] = bad(inputs)
+    if fn == "paged_decode":
+        kwargs["kv_layout"] = "hnd"
+    with pytest.raises(error, match=message):
+        getattr(pa, fn)(**kwargs)
+
+
 def test_api_version_and_partitions():
     assert pa.api.num_partitions(0) == 1 and pa.api.num_partitions(513) == 2
     assert pa.api.use_v1(512, 1, 8) and not pa.api.use_v1(513, 1, 8)
