@@ -20,7 +20,7 @@ void attention(const char* op, const PagedAttentionParams& p, bool is_v2, c10::D
   check_attention_data(op, p, is_v2);
   std::string choice_error;
   const KernelVariant* variant = choose_variant(&choice_error);
-  TORCH_CHECK_VALUE(variant != nullptr, op, ": ", choice_error);
+  TORCH_CHECK_VALUE(variant != nullptr, "paged_attn.", op, ": ", choice_error);
   paged_attention(p, is_v2, variant->run);
 }
 
