@@ -103,6 +103,26 @@ if EXTENSION_STATUS in ("not built", "failed to load"):
                        "(PAGED_ATTN_REQUIRE_EXTENSION=1 makes this an error)",
                        RuntimeWarning, stacklevel=2)
 
+
+
+def _torch_mismatch(built: str, running: str):
+    """A warning text when `_C` was compiled against another torch release than the one
+    running (local tags such as +cu130 aside), else None. torch's C++ ABI is not stable across
+    releases: such a _C may load and still misbehave."""
+    if built.split("+")[0] == running.split("+")[0]:
+        return None
+    return (f"paged_attention_ext: the compiled extension _C was built against torch {built} but "
+            f"torch {running} is running; rebuild it against this torch (`python setup.py "
+            "build_ext --inplace`, or reinstall with `pip install --no-build-isolation -e .`)")
+
+
+if EXTENSION_STATUS == "loaded":
+    import torch as _torch
+
+    _mismatch = _torch_mismatch(_C.build_info()["torch_version"], _torch.__version__)
+    if _mismatch:
+        _warnings.warn(_mismatch, RuntimeWarning, stacklevel=2)
+
 # The PyTorch implementation that serves devices with no compiled kernel.
 _register(extension_loaded(), fallback)
 

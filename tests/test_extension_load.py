@@ -96,3 +96,27 @@ def test_disabling_the_extension_wins_over_requiring_it(tmp_path):
     assert served.returncode == 0, served.stderr
     assert "STATUS disabled | disabled by PAGED_ATTN_DISABLE_EXTENSION=1" in served.stdout
     assert "Warning" not in served.stderr
+
+
+@pytest.mark.parametrize("built,running,warns", [
+    ("2.14.1", "2.14.1+cu130", False), ("2.13.0", "2.13.0", False),
+    ("2.13.0", "2.14.1+cu130", True), ("2.14.1", "2.14.0", True)])
+def test_a_loaded_extension_built_against_another_torch_warns(built, running, warns):
+    # A _C that loads may still have been compiled against another torch release (torch's C++
+    # ABI is not stable across them): the import warns, naming both and how to rebuild.
+    import paged_attention_ext as pa
+    message = pa._torch_mismatch(built, running)
+    assert (message is not None) == warns
+    if warns:
+        assert f"torch {built}" in message and f"torch {running}" in message
+        assert "build_ext --inplace" in message
+
+
+def test_the_loaded_extension_matches_this_torch():
+    # What the import checked: the _C these tests run was built against the running torch.
+    import torch
+
+    import paged_attention_ext as pa
+    if not pa.extension_loaded():
+        pytest.skip(f"_C not loaded: {pa.extension_status()}")
+    assert pa._torch_mismatch(pa.build_info()["torch_version"], torch.__version__) is None
