@@ -242,6 +242,9 @@ def test_bench_usage_errors(capsys):
     assert "divisible" in err and "nope" in err and "multiple of x = 8" in err
     with pytest.raises(SystemExit):
         cli.main(["bench", "--quick", "--full"])
+    with pytest.raises(SystemExit):  # zero cases would check nothing and call it a failure
+        cli.main(["check", "--cases", "0"])
+    assert "--cases: must be at least 1, got 0" in capsys.readouterr().err
 
 
 def test_cuda_regime_presets_parse():

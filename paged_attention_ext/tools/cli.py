@@ -19,6 +19,13 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 _REEXEC_MARK = "PAGED_ATTN_BENCH_REEXEC"
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="paged-attn", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -27,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("info", help="backends compiled and active here")
 
     check = sub.add_parser("check", help="every active backend vs the oracle")
-    check.add_argument("--cases", type=int, default=3, help="random shapes per backend (3)")
+    check.add_argument("--cases", type=_positive_int, default=3, help="random shapes per backend (3)")
     check.add_argument("--seed", type=int, default=None, help="replay a run (printed by check)")
 
     from .bench.presets import PRESET_NAMES  # light: no torch op is touched
