@@ -16,46 +16,57 @@ come from this script. Two steps:
 
 2. Read the listing, pick the path (the main tile loop: the back edge to the loop head; which
    side of each branch a full tile takes) and count it. The counts in docs/CUDA.md, for the
-   kernels as compiled when they were made (the addresses move with any change to the kernel;
-   listings saved with --save from --kernel "__nv_bfloat16, CacheKind::<cache>, 4, <heads>, 32,
-   4, <mma>"):
-     # kAuto, 4 heads, true (the 8-head listing has the same tile loop at the same addresses)
+   kernels as compiled when they were made (nvcc 13.0.88, cuobjdump of CUDA 13.1; the addresses
+   move with any change to the kernel; listings saved with --save from --kernel
+   "__nv_bfloat16, CacheKind::<cache>, 4, <heads>, 32, 4, <mma>"):
+     # kAuto, 4 heads, true
      python scripts/sass_tile_count.py --sass bf16_mma4.sass \
-         --part loop=6220-6250 --part copies=6260-8710 --skip 6620-6ed0 --skip 7cd0-8640 \
-         --part qk=8720-8ba0 --part softmax=8bb0-93e0 --skip 91b0-93a0 --part pv=93f0-95d0 \
-         --part loop=a3d0-a420
+         --part loop=6000-6030 --part copies=6040-7e50 --skip 62f0-6b10 --skip 70a0-7970 \
+         --part qk=7e60-8230 --part softmax=8240-8a50 --part pv=8a60-8d40 --part loop=8d50-8da0
+     # kAuto, 8 heads, true (the same tile at other addresses; its copies take 3 fewer)
+     python scripts/sass_tile_count.py --sass bf16_mma8.sass \
+         --part loop=5f90-5fc0 --part copies=5fd0-7db0 --skip 6280-6a90 --skip 6ff0-78d0 \
+         --part qk=7dc0-8190 --part softmax=81a0-89b0 --part pv=89c0-8ca0 --part loop=8cb0-8d00
      # kFp8E4M3, 4 heads, true
      python scripts/sass_tile_count.py --sass fp8_mma4.sass \
-         --part loop=80d0-8100 --part copies=8110-a3d0 --skip 8470-8d00 --skip 9ab0-a370 \
-         --part qk=a3e0-ad60 --part qk=af30-b6d0 --part softmax=ad70-af20 \
-         --part softmax=b6e0-c040 --skip be00-bff0 --part pv=c050-ccf0 --part loop=f880-f8d0
+         --part loop=80e0-8110 --part copies=8120-a410 --skip 8480-8d10 --skip 9ae0-a3b0 \
+         --part qk=a420-ad80 --part qk=af40-b6e0 --part softmax=ad90-af30 \
+         --part softmax=b6f0-be70 --part pv=be80-cb20 --part loop=f4a0-f4f0
      # kAuto, 4 heads, false
      python scripts/sass_tile_count.py --sass bf16_cc4.sass \
          --part loop=5440-5470 --part copies=5480-7160 --skip 5740-5f30 --skip 68b0-7100 \
          --part qk=7170-7320 --part qk=7660-7670 --part qkloop=7680-7ce0 --times qkloop=2 \
-         --part qk=7cf0-7cf0 --part softmax=7d00-8aa0 --part pv=8ab0-8f50 --part pv=9330-9bd0 \
-         --part loop=9be0-9c80
+         --part qk=7cf0-7cf0 --part softmax=7d00-88e0 --part pv=88f0-8d90 --part pv=9170-9a10 \
+         --part loop=9a20-9ac0
      # kAuto, 8 heads, false
      python scripts/sass_tile_count.py --sass bf16_cc8.sass \
          --part loop=5630-5660 --part copies=5670-76d0 --skip 5960-6170 --skip 6d70-7660 \
-         --part qk=76e0-79a0 --part qk=7f70-7f80 --part qkloop=7f90-8af0 --times qkloop=2 \
-         --part qk=8b00-8b00 --part softmax=8b10-a5b0 --part pv=a5c0-aae0 --part pv=aef0-c020 \
-         --part loop=c030-c110
+         --part qk=76e0-79d0 --part qk=7fd0-7fe0 --part qkloop=7ff0-8b50 --times qkloop=2 \
+         --part qk=8b60-8b60 --part softmax=8b70-a290 --part pv=a2a0-a7c0 --part pv=abd0-bd00 \
+         --part loop=bd10-bdf0
      # kFp8E4M3, 4 heads, false
      python scripts/sass_tile_count.py --sass fp8_cc4.sass \
-         --part loop=5330-5360 --part copies=5370-7100 --skip 5610-5e70 --skip 6840-70a0 \
-         --part qk=7110-7380 --part qk=7ac0-7ad0 --part qkloop=7ae0-88c0 --times qkloop=2 \
-         --part qk=88d0-88d0 --part softmax=88e0-97b0 --part pv=97c0-9840 \
-         --part pvloop=9850-9ea0 --part pvloop=a430-ad20 --times pvloop=2 --part pv=ad30-ad30 \
-         --part loop=ad40-ade0
-   Skipped: the blocksparse mask, the element-by-element and the token-major V copies, on
-   tensor cores the accumulator rescale (taken only in a tile where a running max grew: 32
-   FMULs) and the token-major copy of the tile's QK / softmax / P.V (the ranges after the vLLM
-   copy's closing branch); on CUDA cores the token-major side of P.V and the odd-count
-   remainder of the QK loop (not reached at head 128).
+         --part loop=5310-5340 --part copies=5350-70e0 --skip 55f0-5e50 --skip 67f0-7050 \
+         --part qk=70f0-7340 --part qk=7a80-7a90 --part qkloop=7aa0-8880 --times qkloop=2 \
+         --part qk=8890-8890 --part softmax=88a0-9560 --part pv=9570-95e0 \
+         --part pvloop=95f0-9c40 --part pvloop=a1d0-aac0 --times pvloop=2 --part pv=aad0-aad0 \
+         --part loop=aae0-ab80
+     # the copies of a token-major cache on tensor cores (bf16, then fp8)
+     python scripts/sass_tile_count.py --sass bf16_mma4.sass \
+         --part copies=6040-7e50 --skip 62f0-6b10 --skip 70b0-76e0 --skip 7980-7df0
+     python scripts/sass_tile_count.py --sass fp8_mma4.sass \
+         --part copies=8120-a410 --skip 8480-8d10 --skip 9490-9ad0 --skip 9b00-a150
+   Skipped: the blocksparse mask (its test counts), the element-by-element and the token-major V
+   copies (and the second branch of the V-form test, which the vLLM copy's path jumps over),
+   with an fp8 cache on tensor cores the token-major copy of the tile's QK / softmax / P.V (the
+   ranges after the vLLM copy's closing branch); on CUDA cores the token-major side of P.V and
+   the odd-count remainder of the QK loop (not reached at head 128). A 16-bit cache on tensor
+   cores has one tile for both V forms: each P.V `ldmatrix` is issued in both forms, one
+   predicated off, and both count.
    Every instruction in a part's address ranges (hex, inclusive; --part may repeat a name) counts
-   once, except those in a --skip range; `--times NAME=N` multiplies a part (a loop that is not unrolled). A predicated
-   instruction counts whether its predicate is true or not: it takes an issue slot either way.
+   once, except those in a --skip range; `--times NAME=N` multiplies a part (a loop that is not
+   unrolled). A predicated instruction counts whether its predicate is true or not: it takes an
+   issue slot either way.
    Both sides of a branch that some lanes take and others do not (divergence) are issued, so a
    part's range includes them; only code no lane of a full tile reaches goes in --skip.
    NOPs and never-executed `@!PT` placeholders (ptxas puts three `@!PT LDS RZ, [RZ]` before each
