@@ -503,13 +503,14 @@ def _reshape_and_cache(op, args):
     if _run_data_checks(args.key.device):
         validation.check_cache_data(op, args)
     key, key_cache, value_cache = args.key, args.key_cache, args.value_cache
-    num_tokens, kvh, head_size = key.shape
+    num_tokens = args.slot_mapping.shape[0]  # key / value rows past it: padding, never read
+    kvh, head_size = key.shape[1:]
     num_blocks, block_size, x = key_cache.shape[0], key_cache.shape[3], key_cache.shape[4]
     if num_tokens == 0 or num_blocks == 0:
         return
-    k = encode_cache(key, kind, scale_value(args.k_scale, key.device))  # [N, kvh, d]
+    k = encode_cache(key[:num_tokens], kind, scale_value(args.k_scale, key.device))  # [N, kvh, d]
     k = k.reshape(num_tokens, kvh, head_size // x, x)  # [N, kvh, d/x, x]
-    v = encode_cache(args.value, kind, scale_value(args.v_scale, key.device))  # [N, kvh, d]
+    v = encode_cache(args.value[:num_tokens], kind, scale_value(args.v_scale, key.device))
 
     slot, fill_rows = _sync_free_slots(args.slot_mapping, num_blocks * block_size)
     blocks, offsets = slot // block_size, slot % block_size

@@ -180,7 +180,7 @@ def _reshape_and_cache(op, args):
     validation.check_cache_data(op, args)
     key, value, key_cache, value_cache, slot_mapping = (args.key, args.value, args.key_cache,
                                                         args.value_cache, args.slot_mapping)
-    num_tokens, kvh, head_size = key.shape
+    kvh, head_size = key.shape[1:]
     block_size, x = key_cache.shape[3], key_cache.shape[4]
 
     tokens = (slot_mapping >= 0).nonzero().squeeze(1)
@@ -194,8 +194,9 @@ def _reshape_and_cache(op, args):
 
 
 reshape_and_cache = op_args.function("reshape_and_cache", _reshape_and_cache, """\
-Write token i's key/value [num_kv_heads, head_size] into slot slot_mapping[i]
-(= block * block_size + offset) of the caches; negative slots are padding and skipped.""")
+Write token i's key/value [num_kv_heads, head_size] (i < slot_mapping.size(0); rows of key /
+value past it are padding, never read) into slot slot_mapping[i] (= block * block_size +
+offset) of the caches; negative slots are padding and skipped.""")
 
 
 # ---- NHD / HND caches: decode and reshape_and_cache_flash (CONTRACT.md "NHD / HND caches") ----

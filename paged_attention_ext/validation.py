@@ -412,19 +412,21 @@ def _check_slot_mapping_and_scales(op, args, num_tokens_ok, want):
 
 def check_cache_args(op, args):
     """reshape_and_cache shape/dtype/device/stride checks (args: op_args.ReshapeAndCacheArgs;
-    validate.cpp make_cache_params); reads no data. key, value [num_tokens, num_kv_heads,
-    head_size] (last dim contiguous), slot_mapping int64 [num_tokens], caches as for attention.
-    Returns the cache kind."""
+    validate.cpp make_cache_params); reads no data. key, value [num_tokens_padded, num_kv_heads,
+    head_size] (last dim contiguous), slot_mapping int64 [num_tokens] with num_tokens <=
+    key.size(0) (vLLM: the rows of key past slot_mapping's are padding and are not read), caches
+    as for attention. Returns the cache kind."""
     kind = _check_token_args(op, args)
     key, key_cache, value_cache = args.key, args.key_cache, args.value_cache
     x = _check_caches(op, key_cache, value_cache, kind, key.dtype, "key")
-    num_tokens, num_kv_heads, head_size = key.shape
+    num_rows, num_kv_heads, head_size = key.shape
     _require(num_kv_heads == key_cache.size(1), op,
              f"key shape {_shape(key)} does not match key_cache "
              f"(num_kv_heads = {key_cache.size(1)})")
     _check_head_size(op, head_size, key_cache, value_cache, x)
-    _check_slot_mapping_and_scales(op, args, lambda n: n == num_tokens,
-                                   f"[num_tokens = {num_tokens}] and contiguous")
+    _check_slot_mapping_and_scales(op, args, lambda n: n <= num_rows,
+                                   f"[num_tokens] with num_tokens <= key.size(0) = {num_rows}, "
+                                   "and contiguous")
     return kind
 
 

@@ -341,8 +341,8 @@ CASES = [
     case(r"(key|value) shape", "value_shape", "reshape_and_cache", r"value shape",
          set_("value", lambda t: t[:, :1].contiguous())),
     case(r"slot_mapping shape", "slot_mapping_shape", "reshape_and_cache",
-         r"slot_mapping shape \[4\] must be \[num_tokens = 5\]",
-         set_("slot_mapping", lambda t: t[:4].contiguous())),
+         r"slot_mapping shape \[6\] must be \[num_tokens\] with num_tokens <= key.size\(0\) = 5",
+         set_("slot_mapping", lambda t: torch.cat([t, t[:1]]))),
 ]
 
 # decode and reshape_and_cache_flash (NHD-ordered strided caches): the rules they share with

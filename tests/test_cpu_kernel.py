@@ -210,12 +210,14 @@ def _cache_pair(num_blocks, kvh, d, bs, cache_dtype, seed):
 def test_reshape_and_cache_bit_exact(dtype, kv, scale_as_tensor):
     num_tokens, kvh, d, bs, num_blocks = 37, 2, 48, 5, 11
     g = torch.Generator().manual_seed(5)
-    # key / value: slices of a fused [tokens, (q + k + v) heads * d] tensor (stride(0) > kvh * d)
-    fused = torch.randn(num_tokens, (4 + 2 * kvh) * d, generator=g) * 30  # fp8 saturates too
+    # key / value: slices of a fused [rows, (q + k + v) heads * d] tensor (stride(0) > kvh * d)
+    # whose last 3 rows are NaN CUDA-graph padding: slot_mapping has num_tokens entries (vLLM)
+    fused = torch.randn(num_tokens + 3, (4 + 2 * kvh) * d, generator=g) * 30  # fp8 saturates too
     fused[0, 4 * d] = float("nan")
+    fused[num_tokens:] = float("nan")
     fused = fused.to(dtype)
-    key = fused[:, 4 * d:(4 + kvh) * d].view(num_tokens, kvh, d)
-    value = fused[:, (4 + kvh) * d:].view(num_tokens, kvh, d)
+    key = fused[:, 4 * d:(4 + kvh) * d].view(num_tokens + 3, kvh, d)
+    value = fused[:, (4 + kvh) * d:].view(num_tokens + 3, kvh, d)
     slots = torch.randperm(num_blocks * bs, generator=g)[:num_tokens]
     slots[::4] = -1  # padding tokens are skipped
     cache_dtype = dtype if kv == "auto" else torch.uint8

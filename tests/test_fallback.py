@@ -212,8 +212,9 @@ def test_reshape_and_cache_matches_oracle(dtype, kv_cache_dtype, scale_as_tensor
                      scale_as_tensor=scale_as_tensor)
     num_tokens = 13
     gen = torch.Generator().manual_seed(1)
-    key = torch.randn(num_tokens, 2, 64, generator=gen).to(dtype) * 3
-    value = torch.randn(num_tokens, 2, 64, generator=gen).to(dtype) * 3
+    key = torch.randn(num_tokens + 2, 2, 64, generator=gen).to(dtype) * 3
+    value = torch.randn(num_tokens + 2, 2, 64, generator=gen).to(dtype) * 3
+    key[num_tokens:], value[num_tokens:] = float("nan"), float("nan")  # padding rows (vLLM)
     slots = torch.randperm(inputs.num_blocks * 16, generator=gen)[:num_tokens]
     slots[::3] = -1  # padding tokens, including the first
     if padding == "all":

@@ -477,23 +477,25 @@ ReshapeAndCacheParams make_cache_params(const char* op, const CacheArgs& a) {
   const CacheKind cache_kind = check_new_tokens(op, a);
   const CacheShape cache =
       check_caches(op, a.key_cache, a.value_cache, cache_kind, a.key.scalar_type(), "key");
-  const int64_t num_tokens = a.key.size(0), head_size = a.key.size(2);
+  const int64_t num_rows = a.key.size(0), head_size = a.key.size(2);
   PA_CHECK(a.key.size(1) == cache.num_kv_heads, "key shape ", shape_str(a.key),
            " does not match key_cache (num_kv_heads = ", cache.num_kv_heads, ")");
   check_head_size(op, head_size, a.key_cache, cache);
   PA_CHECK(a.slot_mapping.scalar_type() == at::kLong, "slot_mapping must be int64, got ",
            a.slot_mapping.scalar_type());
-  PA_CHECK(a.slot_mapping.dim() == 1 && a.slot_mapping.size(0) == num_tokens &&
+  // vLLM's rule: slot_mapping says how many tokens to store; key may hold more rows (padding).
+  PA_CHECK(a.slot_mapping.dim() == 1 && a.slot_mapping.size(0) <= num_rows &&
                a.slot_mapping.is_contiguous(),
-           "slot_mapping shape ", shape_str(a.slot_mapping), " must be [num_tokens = ",
-           num_tokens, "] and contiguous");
+           "slot_mapping shape ", shape_str(a.slot_mapping),
+           " must be [num_tokens] with num_tokens <= key.size(0) = ", num_rows,
+           ", and contiguous");
 
   ReshapeAndCacheParams p = new_token_params(op, a, cache_kind);
   p.k_layout = vllm_key_layout(a.key_cache.stride(0), a.key_cache.stride(1), cache.block_size,
                                cache.x);
   p.v_layout =
       vllm_value_layout(a.value_cache.stride(0), a.value_cache.stride(1), cache.block_size);
-  p.num_tokens = num_tokens;
+  p.num_tokens = a.slot_mapping.size(0);
   p.num_kv_heads = static_cast<int>(cache.num_kv_heads);
   p.head_size = static_cast<int>(head_size);
   p.block_size = static_cast<int>(cache.block_size);
