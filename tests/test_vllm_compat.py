@@ -41,7 +41,11 @@ def test_former_module_name_is_the_same_module():
 
 def test_signatures_match_the_seed_and_vllm():
     assert _parameters(vllm_compat.paged_attention_v2_pytorch) == SEED_PARAMETERS
-    assert vllm_compat.paged_attention_v2 is vllm_compat.paged_attention_v2_pytorch
+    # vLLM's _custom_ops.paged_attention_v2: out, exp_sum, max_logits, tmp_out, then the same.
+    assert _parameters(vllm_compat.paged_attention_v2) == [
+        ("out", inspect.Parameter.empty), ("exp_sum", inspect.Parameter.empty),
+        ("max_logits", inspect.Parameter.empty), ("tmp_out", inspect.Parameter.empty)] + \
+        SEED_PARAMETERS[4:]
     # v1: the same without the three v2 scratch tensors, and the output named `out` as in vLLM.
     assert _parameters(vllm_compat.paged_attention_v1) == [("out", inspect.Parameter.empty)] + \
         SEED_PARAMETERS[4:]
@@ -125,3 +129,24 @@ def test_reshape_and_cache_matches_oracle(paged_ops, kv_cache_dtype):
     assert torch.equal(value_cache.view(torch.uint8), expected_v.view(torch.uint8))
     written = key_cache.view(torch.uint8) != torch.full_like(key_cache, fill).view(torch.uint8)
     assert written.any()  # the call wrote something
+
+
+def test_vllm_keyword_calls_match_oracle(paged_ops):
+    """vLLM's argument names by keyword (out, exp_sum, max_logits, tmp_out, ...): the functions
+    the plugin installs take what vLLM's _custom_ops take."""
+    inputs = testing.make_attention_inputs(2, 4, 2, 32, 8, [530, 9], dtype=torch.bfloat16,
+                                           seed=12)
+    i = inputs
+    common = dict(query=i.query, key_cache=i.key_cache, value_cache=i.value_cache,
+                  num_kv_heads=i.num_kv_heads, scale=i.scale, block_tables=i.block_tables,
+                  seq_lens=i.seq_lens, block_size=i.block_size, max_seq_len=i.max_seq_len,
+                  alibi_slopes=None, kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0)
+    expected = testing.call_v2(reference.paged_attention_v2, inputs,
+                               testing.alloc_v2_outputs(inputs))
+    out, exp_sum, max_logits, tmp_out = actual = testing.alloc_v2_outputs(inputs)
+    vllm_compat.paged_attention_v2(out=out, exp_sum=exp_sum, max_logits=max_logits,
+                                   tmp_out=tmp_out, **common)
+    testing.assert_v2_matches(actual, expected, i.seq_lens_list, torch.bfloat16)
+    out_v1 = testing.alloc_v1_outputs(inputs)
+    vllm_compat.paged_attention_v1(out=out_v1, **common)
+    testing.assert_out_matches(out_v1, expected.out, torch.bfloat16)

@@ -20,8 +20,10 @@ import torch  # noqa: F401  (importing the package registers torch.ops.paged_att
 
 from .. import op_args
 
-# The seed's names for v2's output and scratch (the schema's `out` and `tmp_out`).
+# The seed's names for v2's output and scratch (the schema's `out` and `tmp_out`), and vLLM's
+# (`exp_sum` for the schema's `exp_sums`): callers pass them by keyword too.
 _SEED_V2_ARGS = op_args.record_type("v2", rename={"out": "output", "tmp_out": "tmp_output"})
+_VLLM_V2_ARGS = op_args.record_type("v2", rename={"exp_sums": "exp_sum"})
 
 # Each function: the op's arguments (schemas.py's order and defaults, k_scale / v_scale floats or
 # 1-element float32 tensors), shapes as docs/CONTRACT.md says, handed to torch.ops.paged_attn.
@@ -30,7 +32,10 @@ paged_attention_v2_pytorch = op_args.function(
     "output and scratch).", record=_SEED_V2_ARGS, name="paged_attention_v2_pytorch",
     module=__name__)
 
-paged_attention_v2 = paged_attention_v2_pytorch  # vLLM's _custom_ops name
+paged_attention_v2 = op_args.function(
+    "v2", op_args.call_op, "vLLM's _custom_ops.paged_attention_v2 (its argument names), computed "
+    "by torch.ops.paged_attn.v2.", record=_VLLM_V2_ARGS, name="paged_attention_v2",
+    module=__name__)
 
 paged_attention_v1 = op_args.function(
     "v1", op_args.call_op, "vLLM's _custom_ops.paged_attention_v1, computed by "
