@@ -90,8 +90,8 @@ def _plan(num_seqs, extent, k_bytes_per_row_token, logit_bytes_per_row_token, al
     blocks straddle partitions and each partition is gathered on its own (step 1).
     budget_scale multiplies both budgets (ACCELERATOR_BUDGET_SCALE off the CPU).
     """
-    if num_seqs <= 0 or extent <= 0:  # nothing to gather (and no division by an empty batch)
-        return []
+    if num_seqs <= 0 or extent <= 0 or min(k_bytes_per_row_token, logit_bytes_per_row_token) <= 0:
+        return []  # nothing to gather (and no division by an empty batch or head count)
     chunk_bytes, pass_logit_bytes = CHUNK_BYTES * budget_scale, PASS_LOGIT_BYTES * budget_scale
     full, tail = divmod(extent, PARTITION_SIZE)
     part_tokens = PARTITION_SIZE if full else tail
@@ -438,7 +438,7 @@ def _compute(out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, 
     result = torch.zeros((num_seqs, num_heads, head_size), device=dev)  # fp32
     ws = _Workspace(dev)
     plan = []
-    if num_seqs > 0 and num_blocks > 0 and extent > 0:
+    if result.numel() > 0 and num_blocks > 0 and extent > 0:  # else nothing to attend or write
         plan = _plan(num_seqs, extent, num_kv_heads * head_size * 4, num_heads * 4,
                      PARTITION_SIZE % block_size == 0,
                      1 if dev.type == "cpu" else ACCELERATOR_BUDGET_SCALE)

@@ -89,13 +89,18 @@ def test_mixed_devices_rejected(misplaced):
 
 
 @pytest.mark.parametrize("backend", BACKEND_NAMES)
-def test_empty_batch(backend):
-    """num_seqs = 0 (a step with no decode rows) and num_tokens = 0: every op returns and writes
-    nothing (the fallback once divided by the batch size here)."""
+@pytest.mark.parametrize("num_heads,seq_lens", [(8, []), (0, [37, 5])],
+                         ids=["no_rows", "no_heads"])
+def test_empty_batch(backend, num_heads, seq_lens):
+    """No output elements: num_seqs = 0 (a step with no decode rows) or num_heads = 0, and
+    num_tokens = 0: every op returns and writes nothing (the fallback once divided by the batch
+    size and the head count here, the C++ kernel by the GQA group: a SIGFPE)."""
     impl = backends.backend(backend).ops
-    inputs = testing.make_attention_inputs(0, 8, 2, 64, 16, [], seed=4)
-    conformance.require(*conformance.attention(impl, inputs, max_num_partitions=1))
-    dec = testing.make_decode_inputs(0, 8, 2, 64, 16, [], layout="hnd", seed=4)
+    num_seqs = len(seq_lens)
+    inputs = testing.make_attention_inputs(num_seqs, num_heads, 2, 64, 16, seq_lens, seed=4)
+    conformance.require(*conformance.attention(impl, inputs))
+    dec = testing.make_decode_inputs(num_seqs, num_heads, 2, 64, 16, seq_lens, layout="hnd",
+                                     seed=4)
     conformance.require(*conformance.decode(impl, dec))
     key_cache, value_cache = inputs.key_cache.clone(), inputs.value_cache.clone()
     no_tokens = torch.empty(0, 2, 64)

@@ -110,6 +110,8 @@ void merge_partitions(const PagedAttentionParams& p, const KernelInputs& in, boo
 }  // namespace
 
 void paged_attention(const PagedAttentionParams& p, bool is_v2, PartitionKernel kernel) {
+  // No output elements, nothing to write (and a GQA group of 0 heads to divide by).
+  if (p.num_seqs == 0 || p.num_heads == 0 || p.head_size == 0) return;
   // Work items with at least one token, so threads get equal counts of real work.
   int longest = 0;
   for (int s = 0; s < p.num_seqs; ++s) longest = std::max(longest, p.seq_lens[s]);
