@@ -245,6 +245,16 @@ def test_bench_usage_errors(capsys):
     with pytest.raises(SystemExit):  # zero cases would check nothing and call it a failure
         cli.main(["check", "--cases", "0"])
     assert "--cases: must be at least 1, got 0" in capsys.readouterr().err
+    # A number that is not one names its option.
+    assert cli.main(["bench", "--shape", "ctx=abc"]) == 2
+    assert cli.main(["bench", "--blocksparse", "local=x,vert=8"]) == 2
+    err = capsys.readouterr().err
+    assert "--shape ctx: 'abc' is not a whole number" in err
+    assert "--blocksparse local: 'x' is not a whole number" in err
+    # An output path that cannot be written: refused before the run, not after it.
+    for option in ("--json", "--markdown", "--plot"):
+        assert cli.main(["bench", "--preset", "tiny", option, "/no/such/folder/out.x"]) == 2
+        assert "cannot write /no/such/folder/out.x" in capsys.readouterr().err
 
 
 def test_cuda_regime_presets_parse():

@@ -142,8 +142,8 @@ def _bench_config(args):
                                                getattr(torch, dtype_name)))
     for shape in shapes:
         if args.kv_layout == "vllm" and shape.head % x:
-            raise ValueError(f"head size {shape.head} must be a multiple of x = "
-                             f"{x} for a {args.kv_cache_dtype} / {dtype_name} cache")
+            raise ValueError(f"head size {shape.head} must be a multiple of x = {x} for "
+                             f"{dtype_name} queries with kv_cache_dtype {args.kv_cache_dtype!r}")
     blocksparse = _parse_blocksparse(args.blocksparse, args.kv_layout)
     return BenchConfig(device=device, dtype=getattr(torch, dtype_name),
                        kv_cache_dtype=args.kv_cache_dtype, shapes=shapes, contenders=names,
@@ -170,13 +170,26 @@ def _parse_blocksparse(spec, kv_layout):
         if not sep or key.strip() not in values:
             raise ValueError(f"--blocksparse: bad item {item!r}: expected key=value with key in "
                              f"{', '.join(_BLOCKSPARSE_KEYS)}")
-        values[key.strip()] = int(value)
+        try:
+            values[key.strip()] = int(value)
+        except ValueError:
+            raise ValueError(f"--blocksparse {key.strip()}: {value!r} is not a whole "
+                             "number") from None
     result = tuple(values[k] for k in _BLOCKSPARSE_KEYS)
     check_blocksparse("bench --blocksparse", Blocksparse(*result))
     if result[2] <= 1:
         raise ValueError("--blocksparse: vert must be > 1 (vLLM computes dense attention "
                          "otherwise)")
     return result
+
+
+def _check_output_paths(*paths):
+    """Usage error before a run of minutes, not a traceback after it: each output file's folder
+    must exist and be writable."""
+    for path in filter(None, paths):
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            raise ValueError(f"cannot write {path}: {folder} is not a writable folder")
 
 
 def _cmd_bench(args) -> int:
@@ -190,6 +203,7 @@ def _cmd_bench(args) -> int:
         config = _bench_config(args)
         if args.plot:
             check_available()
+        _check_output_paths(args.json, args.markdown, args.plot)
     except (ValueError, PlotUnavailable) as exc:
         print(f"paged-attn bench: {exc}", file=sys.stderr)
         return EXIT_USAGE

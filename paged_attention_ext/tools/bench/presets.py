@@ -89,10 +89,13 @@ _KEYS = {"batch": "batch", "heads": "heads", "kv_heads": "kv_heads", "head": "he
 def _parse_int(text: str) -> int:
     """'4096', '4k' (4096), '100k' (100000: a 'k' multiple of 1000 unless it is a power of 2)."""
     text = text.strip().lower()
-    if text.endswith("k"):
-        n = int(text[:-1])
-        return n * 1024 if n & (n - 1) == 0 else n * 1000
-    return int(text)
+    try:
+        if text.endswith("k"):
+            n = int(text[:-1])
+            return n * 1024 if n & (n - 1) == 0 else n * 1000
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a whole number (or one with a k suffix)") from None
 
 
 def parse_shape(spec: str) -> list:
@@ -107,10 +110,13 @@ def parse_shape(spec: str) -> list:
         if not sep or key not in _KEYS:
             raise ValueError(f"bad --shape item {item!r}: expected key=value with key in "
                              f"{', '.join(_KEYS)}")
-        if key == "ctx":
-            ctxs = [_parse_int(v) for v in value.split("/")]
-        else:
-            values[key] = _parse_int(value)
+        try:
+            if key == "ctx":
+                ctxs = [_parse_int(v) for v in value.split("/")]
+            else:
+                values[key] = _parse_int(value)
+        except ValueError as error:
+            raise ValueError(f"--shape {key}: {error}") from None
     if values["heads"] % values["kv_heads"]:
         raise ValueError(f"--shape: heads ({values['heads']}) must be divisible by kv_heads "
                          f"({values['kv_heads']})")
