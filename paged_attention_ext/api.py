@@ -97,6 +97,14 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
                           blocksparse_vert_stride, blocksparse_block_size,
                           blocksparse_head_sliding_step)
     if version == "v2":
+        # The scratch is sized from max_seq_len: a longer row would be the op's error about a
+        # tmp_out the caller never made. Checked where reading seq_lens costs no device sync.
+        if (validate or seq_lens.device.type == "cpu") and seq_lens.numel():
+            longest = int(seq_lens.max())
+            if longest > max_seq_len:
+                raise ValueError(f"paged_attention: max_seq_len ({max_seq_len}) is below the "
+                                 f"longest seq_len ({longest}); pass the longest (or None to "
+                                 "read it)")
         partitions = num_partitions(max_seq_len)
         exp_sums = torch.empty(num_seqs, num_heads, partitions, dtype=torch.float32,
                                device=query.device)

@@ -126,6 +126,15 @@ def test_api_shape_errors_name_the_function(fn, arg, bad, error, message):
         getattr(pa, fn)(**kwargs)
 
 
+def test_api_max_seq_len_below_a_row_names_max_seq_len():
+    # v2's scratch is sized from max_seq_len: too small a value is named as the caller passed it.
+    inputs = testing.make_attention_inputs(2, 4, 2, 32, 8, [600, 20], seed=3)
+    with pytest.raises(ValueError, match=r"paged_attention: max_seq_len \(500\) is below the "
+                       r"longest seq_len \(600\)"):
+        pa.paged_attention(inputs.query, inputs.key_cache, inputs.value_cache,
+                           inputs.block_tables, inputs.seq_lens, max_seq_len=500, version="v2")
+
+
 def test_api_version_and_partitions():
     assert pa.api.num_partitions(0) == 1 and pa.api.num_partitions(513) == 2
     assert pa.api.use_v1(512, 1, 8) and not pa.api.use_v1(513, 1, 8)
