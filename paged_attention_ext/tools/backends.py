@@ -344,7 +344,8 @@ def describe(det: Detection) -> list:
         lines.append(("CUDA backend", f"compiled kernel ({archs}); {state}"))
     else:
         state = "PyTorch fallback" if det.cuda_available else "inactive: no CUDA device"
-        lines.append(("CUDA backend", f"not compiled; {state}"))
+        lines.append(("CUDA backend", ("not compiled" if det.extension_loaded
+                                       else "extension not loaded") + f"; {state}"))
     lines += _describe_gpus(det, cuda)
     lines.append(("oracle", "paged_attention_ext.reference" if det.reference_available
                   else "MISSING"))
