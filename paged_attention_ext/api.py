@@ -178,6 +178,9 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
       num_kv_heads, head_size], "hnd": [num_blocks, num_kv_heads, block_size, head_size]), any
       strides with a contiguous last dim (a combined [num_blocks, 2, ...] tensor: pass kv[:, 0],
       kv[:, 1]). Nothing is copied: an HND cache is handed to the op as its transposed view.
+    kv_layout: how the caches are stored; pass the one they were allocated with. The two orders
+      cannot be told apart from a tensor whose block_size happens to be a valid head count:
+      an HND cache read as "nhd" can pass every check and give wrong output.
     scale: softmax scale, default 1/sqrt(head_size).
     validate: run the data-dependent checks (block ids, lengths) first; the CPU always runs
       them, a CUDA kernel skips them to stay sync-free.
@@ -194,7 +197,11 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
         out = torch.empty_like(query, memory_format=torch.contiguous_format)
     args = op_args.DecodeArgs(out, query, key_cache, value_cache, block_tables, seq_lens, scale,
                               alibi_slopes, kv_cache_dtype, k_scale, v_scale)
-    _run("decode", args, validate)
+    try:
+        _run("decode", args, validate)
+    except ValueError as error:  # a shape error may be a layout mix-up: say which was assumed
+        raise ValueError(f"{error} (paged_decode read the caches as kv_layout={kv_layout!r}: "
+                         "pass the layout they were allocated with)") from error
     return out
 
 
