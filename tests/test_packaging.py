@@ -38,6 +38,10 @@ def test_sdist_holds_every_source_the_build_needs(tmp_path):
     with tarfile.open(archive) as tar:
         top = tar.getnames()[0].split("/")[0]
         in_sdist = {name[len(top) + 1:] for name in tar.getnames() if name.startswith(top + "/")}
+        pkg_info = tar.extractfile(f"{top}/PKG-INFO").read().decode()
+    # The version has one owner, the package's __version__ (pyproject reads it).
+    import paged_attention_ext
+    assert f"\nVersion: {paged_attention_ext.__version__}\n" in pkg_info
     needed = {path for path in tracked
               if path.startswith(("csrc/", "docs/", "paged_attention_ext/"))
               or path in ("setup.py", "pyproject.toml", "CMakeLists.txt", "README.md")}
