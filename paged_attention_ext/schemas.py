@@ -55,9 +55,11 @@ SCHEMAS = (
 
 # kv_cache_dtype (the ops' string argument) -> cache kind: "auto" (the cache holds the query
 # dtype) or an fp8 format (the cache holds its uint8 bytes). core.cache_kind and the C++
-# validation (parse_kv_cache_dtype) both read this table.
-KV_CACHE_DTYPES = {"auto": "auto", "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3",
-                   "fp8_e5m2": "fp8_e5m2"}
+# validation (parse_kv_cache_dtype) both read this table. "float16" / "bfloat16": vLLM's
+# --kv-cache-dtype values for an unquantized cache reach its kernels as these strings, which
+# read them as "auto" (the cache holds the model dtype); so do we.
+KV_CACHE_DTYPES = {"auto": "auto", "float16": "auto", "bfloat16": "auto", "fp8": "fp8_e4m3",
+                   "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 # cache kind -> its C++ enumerator (CacheKind, csrc/core/params.h)
 CACHE_KIND_ENUMERATORS = {"auto": "kAuto", "fp8_e4m3": "kFp8E4M3", "fp8_e5m2": "kFp8E5M2"}
 

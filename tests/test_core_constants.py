@@ -32,8 +32,10 @@ def test_cache_kinds_are_params_h_cachekind():
     assert set(schemas.CACHE_KIND_ENUMERATORS) == set(core.KV_CACHE_DTYPES.values())
     assert core.KV_CACHE_DTYPES is schemas.KV_CACHE_DTYPES  # one table for Python and C++
     assert sorted(set(core.KV_CACHE_DTYPES.values())) == ["auto", "fp8_e4m3", "fp8_e5m2"]
-    assert core.KV_CACHE_DTYPES == {"auto": "auto", "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3",
-                                    "fp8_e5m2": "fp8_e5m2"}  # vLLM's strings ("fp8" is e4m3)
+    # vLLM's strings: "fp8" is e4m3; "float16" / "bfloat16" an unquantized cache ("auto")
+    assert core.KV_CACHE_DTYPES == {"auto": "auto", "float16": "auto", "bfloat16": "auto",
+                                    "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3",
+                                    "fp8_e5m2": "fp8_e5m2"}
     assert core.FP8_DTYPES == {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
 
@@ -49,5 +51,6 @@ def test_cache_kind_and_storage():
     assert core.cache_storage_dtype("fp8_e5m2", torch.bfloat16) == torch.uint8
     for bad in ("fp16", "FP8", None, 8):
         with pytest.raises(ValueError, match=r"^here: unknown kv_cache_dtype .* \(expected 'auto', "
-                                             r"'fp8', 'fp8_e4m3' or 'fp8_e5m2'\)$"):
+                                             r"'float16', 'bfloat16', 'fp8', 'fp8_e4m3' or "
+                                             r"'fp8_e5m2'\)$"):
             core.cache_kind(bad, "here")

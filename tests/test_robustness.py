@@ -1,6 +1,8 @@
 """Robustness beyond the bad-input rules: 64-bit block offsets on a pool larger than 2^31
 elements, run-to-run determinism, thread-count independence, tensors on mixed devices."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -108,3 +110,35 @@ def test_empty_batch(backend, num_heads, seq_lens):
                            torch.empty(0, dtype=torch.int64), "auto", 1.0, 1.0)
     assert torch.equal(key_cache.nan_to_num(7.0), inputs.key_cache.nan_to_num(7.0))
     assert torch.equal(value_cache.nan_to_num(7.0), inputs.value_cache.nan_to_num(7.0))
+
+
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
+@pytest.mark.parametrize("dtype,name", [(torch.bfloat16, "bfloat16"), (torch.float16, "float16")])
+def test_vllm_unquantized_cache_names_mean_auto(backend, dtype, name):
+    """vLLM hands its kernels --kv-cache-dtype as given: "bfloat16" / "float16" name an
+    unquantized cache, computed exactly as "auto"."""
+    impl = backends.backend(backend).ops
+    inputs = testing.make_attention_inputs(2, 8, 2, 64, 16, [600, 7], dtype=dtype, seed=9)
+    named = dataclasses.replace(inputs, kv_cache_dtype=name)
+    for call, alloc in ((testing.call_v1, testing.alloc_v1_outputs),
+                        (testing.call_v2, testing.alloc_v2_outputs)):
+        op = impl.v1 if call is testing.call_v1 else impl.v2
+        want, got = call(op, inputs, alloc(inputs)), call(op, named, alloc(named))
+        for w, g in zip(want if isinstance(want, tuple) else (want,),
+                        got if isinstance(got, tuple) else (got,)):
+            assert torch.equal(w.nan_to_num(7.0), g.nan_to_num(7.0))
+    dec = testing.make_decode_inputs(2, 8, 2, 64, 16, [600, 7], layout="hnd", dtype=dtype, seed=9)
+    want = testing.call_decode(impl.decode, dec, testing.alloc_v1_outputs(dec))
+    got = testing.call_decode(impl.decode, dataclasses.replace(dec, kv_cache_dtype=name),
+                              testing.alloc_v1_outputs(dec))
+    assert torch.equal(want, got)
+    key = torch.randn(5, 2, 64).to(dtype)
+    slots = torch.tensor([3, -1, 40, 17, 0])
+    for op, (k_cache, v_cache) in (("reshape_and_cache", (inputs.key_cache, inputs.value_cache)),
+                                   ("reshape_and_cache_flash", (dec.key_cache, dec.value_cache))):
+        written = []
+        for kv in ("auto", name):
+            kc, vc = conformance.same_layout_copy(k_cache), conformance.same_layout_copy(v_cache)
+            getattr(impl, op)(key, key, kc, vc, slots, kv, 1.0, 1.0)
+            written.append((kc.view(torch.uint8), vc.view(torch.uint8)))
+        assert all(torch.equal(a, b) for a, b in zip(*written))

@@ -196,7 +196,8 @@ def random_cases(rng: random.Random, count: int, sizes: tuple) -> list:
         lens = [rng.randint(1, 1300) for _ in range(num_seqs)]
         lens[rng.randrange(num_seqs)] = rng.choice((0, 511, 512, 513))
         dtype = torch.float32 if i == 0 else rng.choice(QUERY_DTYPES)
-        kv = "auto" if i != 2 else rng.choice([s for s in KV_CACHE_DTYPES if s != "auto"])
+        kv = "auto" if i != 2 else rng.choice([s for s, kind in KV_CACHE_DTYPES.items()
+                                                if kind != "auto"])
         cases.append(CaseSpec(num_seqs, kv_heads * group, kv_heads, rng.choice(sizes),
                               rng.choice((8, 16, 32)), lens, dtype, kv, use_alibi=i == 1))
     return cases
