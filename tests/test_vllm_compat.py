@@ -49,9 +49,10 @@ def test_signatures_match_the_seed_and_vllm():
     # v1: the same without the three v2 scratch tensors, and the output named `out` as in vLLM.
     assert _parameters(vllm_compat.paged_attention_v1) == [("out", inspect.Parameter.empty)] + \
         SEED_PARAMETERS[4:]
-    assert [name for name, _ in _parameters(vllm_compat.reshape_and_cache)] == [
-        "key", "value", "key_cache", "value_cache", "slot_mapping", "kv_cache_dtype", "k_scale",
-        "v_scale"]
+    for write in (vllm_compat.reshape_and_cache, vllm_compat.reshape_and_cache_flash):
+        assert [name for name, _ in _parameters(write)] == [
+            "key", "value", "key_cache", "value_cache", "slot_mapping", "kv_cache_dtype",
+            "k_scale", "v_scale"]
 
 
 @pytest.mark.parametrize("dtype,use_alibi,num_heads,num_kv_heads,seq_lens", [

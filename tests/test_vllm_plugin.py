@@ -170,7 +170,8 @@ def test_working_ops_are_left_alone(stand_in_vllm, how):
 def test_only_the_holes_are_filled_and_a_second_call_changes_nothing(stand_in_vllm):
     custom_ops = stand_in_vllm({"paged_attention_v1": MISSING,
                                 "paged_attention_v2": STUBS["bare"],
-                                "reshape_and_cache": WORKING["wrapper of a registered op"]})
+                                "reshape_and_cache": WORKING["wrapper of a registered op"],
+                                "reshape_and_cache_flash": WORKING["wrapper of a registered op"]})
     own_reshape_and_cache = custom_ops.reshape_and_cache
     assert vllm_plugin.register() == {"paged_attention_v1": "missing",
                                       "paged_attention_v2": "a NotImplementedError stub"}
@@ -190,7 +191,8 @@ def test_an_op_registered_after_the_plugin_ran_is_vllms_own(stand_in_vllm, caplo
     assert vllm_plugin.register() == {"paged_attention_v1": f"a call of torch.ops.{namespace}."
                                       "paged_attention_v1, which is not registered",
                                       "paged_attention_v2": "missing",
-                                      "reshape_and_cache": "missing"}
+                                      "reshape_and_cache": "missing",
+                                      "reshape_and_cache_flash": "missing"}
     library = torch.library.Library(namespace, "DEF")  # the late plugin
     library.define("paged_attention_v1(Tensor(a!) out) -> ()")
 
@@ -237,6 +239,18 @@ def test_replaced_ops_compute_what_the_oracle_computes(stand_in_vllm, paged_ops)
     assert torch.equal(value_cache.view(torch.uint8), expected_v.view(torch.uint8))
     assert not key_cache.isnan().all()  # something was written
 
+    # reshape_and_cache_flash as vLLM's V1 backends call it: key with CUDA-graph padding rows
+    # past slot_mapping's length, tensor scales, fp8, the K and V halves of one combined
+    # [num_blocks, 2, block_size, kv_heads, head_size] tensor.
+    key, value = (torch.randn(2, 9, 2, 64) * 3).to(torch.bfloat16)
+    key[:, 7:] = float("nan")
+    kv = torch.full((4, 2, 16, 2, 64), 0x7F, dtype=torch.uint8)  # the fp8 NaN byte
+    expected = kv.clone()
+    args = (slots, "fp8", torch.tensor(0.5), torch.tensor(1.5))
+    reference.reshape_and_cache_flash(key, value, expected[:, 0], expected[:, 1], *args)
+    custom_ops.reshape_and_cache_flash(key, value, kv[:, 0], kv[:, 1], *args)
+    assert torch.equal(kv, expected) and not torch.equal(kv, torch.full_like(kv, 0x7F))
+
 
 def test_a_vllm_that_fails_to_import_gets_a_warning_not_an_error(stand_in_vllm, caplog):
     with pytest.raises(ImportError):
@@ -249,7 +263,8 @@ def test_a_vllm_that_fails_to_import_gets_a_warning_not_an_error(stand_in_vllm, 
 def test_when_our_ops_cannot_serve_vllm_keeps_its_own(stand_in_vllm, monkeypatch, caplog):
     custom_ops = stand_in_vllm({"paged_attention_v1": MISSING,
                                 "paged_attention_v2": STUBS["bare"],
-                                "reshape_and_cache": STUBS["bare"]})
+                                "reshape_and_cache": STUBS["bare"],
+                                "reshape_and_cache_flash": STUBS["bare"]})
     stub = custom_ops.paged_attention_v2
     # None in sys.modules makes `import` of that module raise ImportError.
     monkeypatch.setitem(sys.modules, "paged_attention_ext.integrations.vllm_compat", None)
@@ -271,7 +286,8 @@ WORKER = textwrap.dedent('''\
     from paged_attention_ext.tools import testing
 
     vllm.plugins.load_general_plugins()
-    for name in ("paged_attention_v1", "paged_attention_v2", "reshape_and_cache"):
+    for name in ("paged_attention_v1", "paged_attention_v2", "reshape_and_cache",
+                 "reshape_and_cache_flash"):
         print(name, getattr(ops, name).__module__)
 
     seq_lens = [1, 530, 77, 1100]
@@ -302,7 +318,8 @@ def test_a_worker_process_loading_plugins_gets_our_ops(tmp_path, package_metadat
     vllm_folder = tmp_path / "stand-in"
     write_stand_in_vllm(str(vllm_folder), {"paged_attention_v1": MISSING,
                                            "paged_attention_v2": STUBS["message and docstring"],
-                                           "reshape_and_cache": UNREGISTERED})
+                                           "reshape_and_cache": UNREGISTERED,
+                                           "reshape_and_cache_flash": MISSING})
     # The metadata folder first: its paged_attention_ext distribution shadows any installed one,
     # so the entry points seen are the ones this checkout declares.
     path = [str(package_metadata), str(vllm_folder), ROOT]

@@ -7,7 +7,7 @@ raise NotImplementedError gets these functions from the package's vLLM plugin
 Code that is not vLLM calls them directly:
 
     from paged_attention_ext.integrations.vllm_compat import (
-        paged_attention_v1, paged_attention_v2, reshape_and_cache)
+        paged_attention_v1, paged_attention_v2, reshape_and_cache, reshape_and_cache_flash)
 
 or, keeping its own function: `return paged_attention_v2_pytorch(out, exp_sum, ...)`.
 
@@ -44,3 +44,8 @@ paged_attention_v1 = op_args.function(
 reshape_and_cache = op_args.function(
     "reshape_and_cache", op_args.call_op, "vLLM's _custom_ops.reshape_and_cache, computed by "
     "torch.ops.paged_attn.reshape_and_cache.", module=__name__)
+
+reshape_and_cache_flash = op_args.function(
+    "reshape_and_cache_flash", op_args.call_op, "vLLM's _custom_ops.reshape_and_cache_flash "
+    "(NHD-ordered caches; an HND one as cache.transpose(1, 2)), computed by "
+    "torch.ops.paged_attn.reshape_and_cache_flash.", module=__name__)

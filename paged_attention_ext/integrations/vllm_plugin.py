@@ -40,7 +40,8 @@ logger = logging.getLogger("vllm.plugins.paged_attention_ext")
 
 # vllm._custom_ops names this plugin can fill, each with the function of the same name in
 # paged_attention_ext.integrations.vllm_compat.
-REPLACED_OPS = ("paged_attention_v1", "paged_attention_v2", "reshape_and_cache")
+REPLACED_OPS = ("paged_attention_v1", "paged_attention_v2", "reshape_and_cache",
+                "reshape_and_cache_flash")
 
 
 def register() -> Dict[str, str]:
