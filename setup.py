@@ -24,7 +24,14 @@ import os
 import subprocess
 import sys
 
+import setuptools
 from setuptools import Command, setup
+
+# pyproject.toml's SPDX license string needs setuptools >= 77; a --no-build-isolation build uses
+# whatever setuptools the environment has, so say it here rather than fail on the metadata.
+if int(setuptools.__version__.split(".")[0]) < 77:
+    sys.exit(f"paged_attention_ext needs setuptools >= 77 to build (found "
+             f"{setuptools.__version__}): pip install -U 'setuptools>=77'")
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 

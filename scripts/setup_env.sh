@@ -50,11 +50,16 @@ fi
 # continuous-batching integration supports (pyproject's extra), so its tests run rather than skip.
 missing=()
 for mod_pkg in pytest:pytest hypothesis:hypothesis rich:rich matplotlib:matplotlib \
-               ninja:ninja numpy:numpy setuptools:setuptools wheel:wheel \
+               ninja:ninja numpy:numpy "setuptools:setuptools>=77" wheel:wheel \
                "transformers:transformers>=5.24,<5.25" gguf:gguf accelerate:accelerate; do
   mod="${mod_pkg%%:*}"; pkg="${mod_pkg##*:}"
   "$PY" -c "import $mod" >/dev/null 2>&1 || missing+=("$pkg")
 done
+# The build needs setuptools >= 77 (pyproject's SPDX license string; setup.py says so too).
+if ! "$PY" -c "import setuptools, sys; sys.exit(int(setuptools.__version__.split('.')[0]) < 77)" \
+    2>/dev/null && [[ " ${missing[*]} " != *" setuptools>=77 "* ]]; then
+  missing+=("setuptools>=77")
+fi
 if ((${#missing[@]})); then
   log "installing ${missing[*]}"
   pip_install "${missing[@]}"
