@@ -44,7 +44,7 @@ def test_sdist_holds_every_source_the_build_needs(tmp_path):
     assert f"\nVersion: {paged_attention_ext.__version__}\n" in pkg_info
     needed = {path for path in tracked
               if path.startswith(("csrc/", "docs/", "paged_attention_ext/"))
-              or path in ("setup.py", "pyproject.toml", "CMakeLists.txt", "README.md")}
+              or path in ("setup.py", "pyproject.toml", "CMakeLists.txt", "README.md", "LICENSE")}
     missing = sorted(needed - in_sdist)
     assert not missing, f"missing from the sdist: {missing}"
     assert not [name for name in in_sdist if name.endswith((".so", ".o", ".pyc"))]
