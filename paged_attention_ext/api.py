@@ -80,7 +80,8 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
                                  "[num_blocks, num_kv_heads, head_size / x, block_size, x]")
     num_seqs, num_heads, head_size = query.shape
     num_kv_heads, block_size = key_cache.size(1), key_cache.size(3)
-    if max_seq_len is None:
+    max_seq_len_given = max_seq_len is not None
+    if not max_seq_len_given:
         max_seq_len = int(seq_lens.max()) if seq_lens.numel() else 0
     if scale is None:
         scale = 1.0 / math.sqrt(head_size)
@@ -99,7 +100,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     if version == "v2":
         # The scratch is sized from max_seq_len: a longer row would be the op's error about a
         # tmp_out the caller never made. Checked where reading seq_lens costs no device sync.
-        if (validate or seq_lens.device.type == "cpu") and seq_lens.numel():
+        if max_seq_len_given and (validate or seq_lens.device.type == "cpu") and seq_lens.numel():
             longest = int(seq_lens.max())
             if longest > max_seq_len:
                 raise ValueError(f"paged_attention: max_seq_len ({max_seq_len}) is below the "
