@@ -102,8 +102,9 @@ def sources(pattern: str) -> list:
 
 
 def generated_cuda_sources() -> list:
-    """The attention instantiation files, one per (query dtype, cache kind) pair of
-    csrc/cuda/dispatch.cuh, written into build/generated/cuda by
+    """The attention instantiation files, per (query dtype, cache kind) pair of
+    csrc/cuda/dispatch.cuh its launchers' file and one file per head-size group of kernels
+    (csrc/cuda/attention_dims.h), written into build/generated/cuda by
     csrc/cuda/generate_instantiations.py (loaded by path: it is a script, not a package)."""
     path = os.path.join(ROOT, "csrc", "cuda", "generate_instantiations.py")
     spec = importlib.util.spec_from_file_location("_paged_attn_generate_instantiations", path)

@@ -7,16 +7,17 @@
 # Usage: scripts/cuda_arch_smoke.sh [output file]      (default build/cuda_arch_smoke.txt)
 # Env:   SMOKE_ARCHS  default "7.5;10.0;12.0": the archs of the default build list
 #                     (paged_attention_ext/tools/cuda_arch.py) that CI's main build (8.0;9.0) leaves out
-#        SMOKE_FILES  default "attention_bfloat16_auto.cu reshape_and_cache.cu" (names in
-#                     csrc/cuda or among the files generated from dispatch.cuh's pair list):
-#                     attention_bfloat16_auto.cu holds the attention kernels (baseline,
-#                     pipelined and its tensor-core form; the pipelined one's cp.async becomes
-#                     plain copies and its mma.sync a trap on sm_75, never launched there) AND
-#                     the v2 reduce kernel of one dtype (the first pair of each dtype instantiates
-#                     the reduce kernel; bf16: its conversions are emulated before sm_80, so sm_75
-#                     compiles other code than CI's main build); reshape_and_cache.cu holds every
-#                     reshape_and_cache kernel. (The software fp8 decode used before sm_89 is
-#                     compiled by the main build's sm_80.)
+#        SMOKE_FILES  default "attention_bfloat16_auto*.cu reshape_and_cache.cu" (globs of names
+#                     in csrc/cuda or among the files generated from dispatch.cuh's lists):
+#                     attention_bfloat16_auto_d<N>.cu hold the attention kernels of every head
+#                     size group (baseline, pipelined and its tensor-core form; the pipelined
+#                     one's cp.async becomes plain copies and its mma.sync a trap on sm_75, never
+#                     launched there) and attention_bfloat16_auto.cu the v2 reduce kernel of one
+#                     dtype (the first pair of each dtype instantiates the reduce kernel; bf16:
+#                     its conversions are emulated before sm_80, so sm_75 compiles other code
+#                     than CI's main build); reshape_and_cache.cu holds every reshape_and_cache
+#                     kernel. (The software fp8 decode used before sm_89 is compiled by the main
+#                     build's sm_80.)
 #        JOBS, NVCC   as in cuda_resource_report.sh
 # Needs nvcc; no GPU, no torch. Exit status non-zero on a compile error, a spill, or a family
 # missing for an arch.
@@ -24,7 +25,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${1:-$ROOT/build/cuda_arch_smoke.txt}"
 ARCHS="${SMOKE_ARCHS:-7.5;10.0;12.0}"
-FILES="${SMOKE_FILES:-attention_bfloat16_auto.cu reshape_and_cache.cu}"
+FILES="${SMOKE_FILES:-attention_bfloat16_auto*.cu reshape_and_cache.cu}"
 mkdir -p "$(dirname "$OUT")"
 
 TORCH_CUDA_ARCH_LIST="$ARCHS" ONLY="$FILES" bash "$ROOT/scripts/cuda_resource_report.sh" "$OUT"

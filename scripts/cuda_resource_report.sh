@@ -42,54 +42,69 @@ for glob in "${GLOBS[@]}"; do
 done
 shopt -u nullglob
 
-# Expected kernels per arch, from the instantiation lists: per (dtype, cache) pair explicitly
-# instantiated by a generated attention_*.cu file (all three launchers, baseline, pipelined and
-# mma: a file with one and not the others is an error), attention_kernels_per_pair(dtype)
-# (csrc/cuda/dispatch.cuh, every kernel family, computed by running its dispatchers); one reduce
-# kernel per explicit launch_v2_reduce instantiation; reshape_and_cache.cu: two kernels per query
-# dtype of the attention files (a cache of that dtype, fp8 bytes; e4m3 and e5m2 share the byte
-# kernel).
+# Expected kernels per arch, from the instantiation lists: attention_kernels_per_dims(dtype)
+# (csrc/cuda/dispatch.cuh, every kernel family, computed by running its dispatchers) per
+# AttentionDims group explicitly instantiated by a generated attention_<dtype>_<cache>_d<N>.cu
+# file; one reduce kernel per explicit launch_v2_reduce instantiation; reshape_and_cache.cu: two
+# kernels per query dtype of the attention files (a cache of that dtype, fp8 bytes; e4m3 and e5m2
+# share the byte kernel). A launcher file must instantiate all three launchers (baseline,
+# pipelined, mma) for the same pairs; a whole build (FROM_LOG) must hold every pair's
+# distinct_dims_per_lane() groups.
 cat > "$WORK/count.cpp" <<'CPP'
 #include <cstdio>
 #include "cuda/dispatch.cuh"
-int main() {  // "kFloat32=N kFloat16=M ...": per pair of the list, its dtype's count
+int main() {  // "groups=G kFloat32=N kFloat16=M ...": per pair of the list, its dtype's count
   using paged_attn::ScalarKind;
+  std::printf("groups=%d ", paged_attn::cuda::distinct_dims_per_lane());
 #define PA_COUNT(S, C) \
-  std::printf("%s=%d ", #S, paged_attn::cuda::attention_kernels_per_pair(ScalarKind::S));
+  std::printf("%s=%d ", #S, paged_attn::cuda::attention_kernels_per_dims(ScalarKind::S));
   PAGED_ATTN_CUDA_PAIRS(PA_COUNT)
   std::printf("\n");
 }
 CPP
 "${CXX:-c++}" -std=c++17 -I"$ROOT/csrc" "$WORK/count.cpp" -o "$WORK/count"
-PER_PAIR="$("$WORK/count")"
+PER_GROUP="$("$WORK/count")"
 if [[ -n "${FROM_LOG:-}" ]]; then
   FILES=()  # a real build compiles every kernel file
   for f in "$ROOT"/csrc/cuda/*.cu "$GEN"/*.cu; do
     [[ "$(basename "$f")" == ops_cuda.cu ]] || FILES+=("$f")
   done
 fi
-EXPECTED="$(python3 - "$PER_PAIR" "$GEN" "${FILES[@]}" <<'PY'
-import glob, os, re, sys
-per_pair = {k: int(v) for k, v in (item.split("=") for item in sys.argv[1].split())}
-gen_dir, files = sys.argv[2], sys.argv[3:]
+EXPECTED="$(python3 - "$PER_GROUP" "$GEN" "${FROM_LOG:+whole}" "${FILES[@]}" <<'PY'
+import collections, glob, os, re, sys
+per_group = {k: int(v) for k, v in (item.split("=") for item in sys.argv[1].split())}
+groups_per_pair = per_group.pop("groups")
+gen_dir, whole, files = sys.argv[2], sys.argv[3] == "whole", sys.argv[4:]
 launcher = r"template {} {}<ScalarKind::(\w+), CacheKind::(\w+)>"
 pair = re.compile(launcher.format("void", "launch_paged_attention"))
 others = [re.compile(launcher.format("void", "launch_paged_attention_pipelined")),
           re.compile(launcher.format("bool", "launch_paged_attention_mma"))]
+group = re.compile(r"template struct AttentionDims<ScalarKind::(\w+), CacheKind::(\w+), (\d+)>")
 reduce = re.compile(r"template void launch_v2_reduce<ScalarKind::(\w+)>")
 dtypes = set()
 for f in glob.glob(os.path.join(gen_dir, "attention_*.cu")):
     dtypes |= {m.group(1) for m in pair.finditer(open(f).read())}
 total = 0
+groups_seen = collections.Counter()
 for f in files:
     text = open(f).read()
     pairs = sorted(pair.findall(text))
     if any(sorted(other.findall(text)) != pairs for other in others):
         sys.exit(f"{f}: the baseline, pipelined and mma launchers are not instantiated for the "
                  "same pairs")
-    total += sum(per_pair[scalar] for scalar, _ in pairs) + len(reduce.findall(text))
+    for scalar, cache, dims in group.findall(text):
+        groups_seen[scalar, cache] += 1
+        total += per_group[scalar]
+    total += len(reduce.findall(text))
     if os.path.basename(f) == "reshape_and_cache.cu":
         total += 2 * len(dtypes)
+if whole:
+    short = {p: n for p, n in groups_seen.items() if n != groups_per_pair}
+    launched = {p for f in files for p in pair.findall(open(f).read())}
+    short.update({p: groups_seen[p] for p in launched if groups_seen[p] != groups_per_pair})
+    if short:
+        sys.exit("kernel groups per pair differ from dispatch.cuh's distinct_dims_per_lane() = "
+                 f"{groups_per_pair}: {dict(short)}")
 print(total)
 PY
 )"

@@ -7,11 +7,13 @@
 //   - GQA ratio (query heads per KV head): runtime; the kernel handles kHeadTile heads per pass,
 //     kHeadTile in {1, 2, 4, 8}; ratios above 8 take ceil(ratio / 8) passes in the same block.
 //   - block size: runtime (any value; multiples of 8, or of 4 for fp32, take vector V loads).
-//   - dtype: the (query dtype, cache kind) pairs of PAGED_ATTN_CUDA_PAIRS below; the build
-//     generates one .cu file per pair (csrc/cuda/generate_instantiations.py) so they compile in
-//     parallel.
-// Per arch: attention_kernels_per_pair(dtype) per pair (baseline, pipelined, tensor-core) + one
-// reduce kernel per query dtype + two reshape_and_cache kernels per query dtype
+//   - dtype: the (query dtype, cache kind) pairs of PAGED_ATTN_CUDA_PAIRS below.
+// The build generates one .cu file per (pair, kDimsPerLane) holding that group's kernels, and
+// one per pair holding its launchers (csrc/cuda/generate_instantiations.py), so that a parallel
+// build compiles them at the same time.
+// Per arch: attention_kernels_per_dims(dtype) per (pair, distinct kDimsPerLane) (baseline,
+// pipelined, tensor-core) + one reduce kernel per query dtype + two reshape_and_cache kernels per
+// query dtype
 // (docs/cuda_resource_report.txt lists them; scripts/cuda_resource_report.sh checks the count
 // against these lists).
 #pragma once
@@ -21,10 +23,10 @@
 #include "../core/params.h"
 
 // The (query dtype, cache kind) pairs the CUDA kernels are compiled for:
-// X(ScalarKind enumerator, CacheKind enumerator), one line each. The build writes one
-// translation unit per pair from this list (generate_instantiations.py parses the lines between
-// this #define and the blank line after it; keep the one-pair-per-line form); C++ enumerates it
-// with PAGED_ATTN_CUDA_PAIRS(YOUR_MACRO). The first pair of each query dtype also holds that
+// X(ScalarKind enumerator, CacheKind enumerator), one line each. The build writes the
+// translation units of each pair from this list (generate_instantiations.py parses the lines
+// between this #define and the blank line after it; keep the one-pair-per-line form); C++
+// enumerates it with PAGED_ATTN_CUDA_PAIRS(YOUR_MACRO). The first pair of each query dtype also holds that
 // dtype's v2 reduce kernel.
 #define PAGED_ATTN_CUDA_PAIRS(X) \
   X(kFloat32, kAuto)             \
@@ -38,7 +40,9 @@
   X(kBFloat16, kFp8E5M2)
 
 // The head sizes the attention kernels accept: X(head_size), one per line. The array, the text
-// of the error message, build_info's list and the dispatcher below all come from it.
+// of the error message, build_info's list and the dispatcher below all come from it, and
+// generate_instantiations.py writes one file of kernels per distinct kDimsPerLane of the list
+// (same one-per-line form).
 #define PAGED_ATTN_CUDA_HEAD_SIZES(X) \
   X(32)                               \
   X(64)                               \
@@ -135,27 +139,33 @@ constexpr bool uses_tensor_cores(ScalarKind scalar, int head_tile) {
   return scalar != ScalarKind::kFloat32 && head_tile >= 4;
 }
 
-// The attention kernels one (dtype, cache) pair instantiates: the baseline
-// (attention_kernel.cuh) and the pipelined kernel (attention_kernel_pipelined.cuh) for every
-// distinct (kDimsPerLane, kHeadTile) the two dispatchers above reach (found by running them over
-// every listed head size and every GQA ratio up to 64; ratios above 8 all take the tile of 8),
-// plus the tensor-core pipelined kernel for the head tiles uses_tensor_cores() takes.
-// attention_launch.cuh has one launcher per choice.
-constexpr int attention_kernels_per_pair(ScalarKind scalar) {
-  constexpr int kMaxValue = 64;  // > any kDimsPerLane or kHeadTile
-  bool dims_seen[kMaxValue] = {};
+// The attention kernels one (dtype, cache, kDimsPerLane) group instantiates
+// (attention_dims.cuh): the baseline (attention_kernel.cuh) and the pipelined kernel
+// (attention_kernel_pipelined.cuh) for every kHeadTile dispatch_head_tile reaches (found by
+// running it over every GQA ratio up to 64; ratios above 8 all take the tile of 8), plus the
+// tensor-core pipelined kernel for the head tiles uses_tensor_cores() takes.
+constexpr int attention_kernels_per_dims(ScalarKind scalar) {
+  constexpr int kMaxValue = 64;  // > any kHeadTile
   bool tiles_seen[kMaxValue] = {};
-  for (int head_size : kHeadSizes)
-    dispatch_head_size(head_size, [&](auto dims) { dims_seen[decltype(dims)::value] = true; });
   for (int group = 1; group <= 64; ++group)
     dispatch_head_tile(group, [&](auto tile) { tiles_seen[decltype(tile)::value] = true; });
-  int dims = 0, tiles = 0, mma_tiles = 0;
+  int tiles = 0, mma_tiles = 0;
   for (int i = 0; i < kMaxValue; ++i) {
-    dims += dims_seen[i];
     tiles += tiles_seen[i];
     mma_tiles += tiles_seen[i] && uses_tensor_cores(scalar, i);
   }
-  return dims * (2 * tiles + mma_tiles);
+  return 2 * tiles + mma_tiles;
+}
+
+// The number of distinct kDimsPerLane the listed head sizes take: the groups per pair.
+constexpr int distinct_dims_per_lane() {
+  constexpr int kMaxValue = 64;  // > any kDimsPerLane
+  bool dims_seen[kMaxValue] = {};
+  for (int head_size : kHeadSizes)
+    dispatch_head_size(head_size, [&](auto dims) { dims_seen[decltype(dims)::value] = true; });
+  int dims = 0;
+  for (bool seen : dims_seen) dims += seen;
+  return dims;
 }
 
 }  // namespace cuda

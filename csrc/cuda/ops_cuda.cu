@@ -143,7 +143,7 @@ void check_cuda_attention(const char* op, const PagedAttentionParams& p) {
 }
 
 // One branch per pair of dispatch.cuh's PAGED_ATTN_CUDA_PAIRS (the build compiles each pair's
-// kernels in a file generated from the same list), onto the kernel kernel_choice.h picks for the
+// launchers and kernels in files generated from the same list), onto the kernel kernel_choice.h picks for the
 // device (PAGED_ATTN_CUDA_KERNEL, else the rule; a bad setting raises here). Returns the kernel
 // launched.
 cuda::AttentionKernel launch_attention(const PagedAttentionParams& p, cudaStream_t stream,
