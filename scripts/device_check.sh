@@ -3,6 +3,11 @@
 #
 # Usage: scripts/device_check.sh [output dir]     (default: $OUT if set, else ./device-out)
 # Env:   PYTHON  a python with a CUDA torch (default: the repo's .venv if present, else python3)
+#        The build needs setuptools >= 77 (pyproject.toml's SPDX license). On an offline machine
+#        whose python has an older one, put a setuptools wheel in <repo>/.whl/ (e.g.
+#        `pip download --no-deps -d .whl 'setuptools>=77'`, with /.whl/ in .git/info/exclude): it
+#        is installed into a temporary folder on PYTHONPATH for this check; without one the
+#        check stops before building, saying so. WHEELS  that folder (default <repo>/.whl)
 #        CHECK_BUDGET  seconds for the whole check (default 450)
 #        CHECK_STEPS   comma-separated steps to run (default build,tests,check,sanitizer,bench):
 #                      e.g. a second call on a machine that kept the first call's build can run
@@ -140,7 +145,25 @@ if [[ -z "$ARCH" ]]; then
   echo "| gpu | NO GPU (torch) | 0 | gpu.log |" >> "$RESULTS"
   exit 3
 fi
+# What the build and the figures depend on, in the log: python, torch, setuptools, nvcc.
+"$PY" -c "
+import sys, torch, setuptools
+print('python', sys.version.split()[0], '| torch', torch.__version__, '| CUDA', torch.version.cuda,
+      '|', torch.cuda.get_device_name(0), '| setuptools', setuptools.__version__)
+" >> "$OUT_DIR/gpu.log" 2>&1
+{ command -v nvcc > /dev/null && nvcc --version | tail -n 1; } >> "$OUT_DIR/gpu.log" 2>&1
 cat "$OUT_DIR/gpu.log"
+# setup.py needs setuptools >= 77: take a carried wheel (see Env above) when the python's is older.
+if ! "$PY" -c "import setuptools, sys; sys.exit(int(setuptools.__version__.split('.')[0]) < 77)"; then
+  WHEEL=$(ls "${WHEELS:-$ROOT/.whl}"/setuptools-*.whl 2>/dev/null | tail -n 1)
+  if [[ -z "$WHEEL" ]] || ! "$PY" -m pip install -q --no-index --no-deps --target /tmp/pa-setuptools "$WHEEL" > "$OUT_DIR/setuptools.log" 2>&1; then
+    echo "device_check.sh: $PY has setuptools < 77 and no usable wheel in ${WHEELS:-$ROOT/.whl}/ (see the usage at the top)" >&2
+    echo "| gpu | setuptools < 77, no wheel in .whl/ | 0 | gpu.log |" >> "$RESULTS"
+    exit 1
+  fi
+  export PYTHONPATH="/tmp/pa-setuptools${PYTHONPATH:+:$PYTHONPATH}"
+  echo "setuptools from $(basename "$WHEEL") (the python's own is older than 77)" | tee -a "$OUT_DIR/gpu.log"
+fi
 echo "| gpu | ok: $(head -n 1 "$OUT_DIR/gpu.log" | cut -c1-60), sm_${ARCH/./} | 0 | gpu.log |" >> "$RESULTS"
 
 # ---- 2. build for this GPU ----

@@ -222,6 +222,14 @@ STAND_INS = {
         if [[ "$1" == "-c" ]]; then echo 9.0; exit 0; fi
         echo "program: $* caching=${PYTORCH_NO_CUDA_MEMORY_CACHING:-on}"
         """,
+    # the same, with a setuptools older than 77 (the check's -c exits 1) and a pip that logs
+    "python-old-setuptools": """\
+        #!/usr/bin/env bash
+        if [[ "$1" == "-c" && "$2" == *"< 77"* ]]; then exit 1; fi
+        if [[ "$1" == "-c" ]]; then echo 9.0; exit 0; fi
+        if [[ "$1 $2" == "-m pip" ]]; then echo "pip: $*"; exit 0; fi
+        echo "program: $* caching=${PYTORCH_NO_CUDA_MEMORY_CACHING:-on} path=${PYTHONPATH:-}"
+        """,
     "compute-sanitizer": """\
         #!/usr/bin/env bash
         echo "sanitizer: $*"
@@ -231,7 +239,7 @@ STAND_INS = {
 }
 
 
-def _run_device_check(tmp_path, tools, **extra_env):
+def _run_device_check(tmp_path, tools, python="python", **extra_env):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name in tools:
@@ -239,7 +247,7 @@ def _run_device_check(tmp_path, tools, **extra_env):
         path.write_text(textwrap.dedent(STAND_INS[name]))
         path.chmod(0o755)
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}",
-               PYTHON=str(bin_dir / "python"), CUDA_HOME=str(tmp_path / "no-cuda"), **extra_env)
+               PYTHON=str(bin_dir / python), CUDA_HOME=str(tmp_path / "no-cuda"), **extra_env)
     out = tmp_path / "out"
     proc = subprocess.run(["bash", SCRIPT, str(out)], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=120)
@@ -290,3 +298,26 @@ def test_device_check_runs_only_the_selected_steps(tmp_path):
     assert set(bench) >= {"bench_vllm", "bench_vllm_pipelined", "bench_vllm_baseline",
                           "bench_nhd", "bench_nhd_pipelined", "bench_nhd_baseline"}
     assert set(bench.values()) == {"ok"}
+
+
+def test_device_check_stops_on_old_setuptools_without_a_wheel(tmp_path):
+    proc, out, rows = _run_device_check(tmp_path, ["nvidia-smi", "python-old-setuptools"],
+                                        python="python-old-setuptools",
+                                        WHEELS=str(tmp_path / "no-wheels"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "setuptools < 77" in proc.stderr
+    assert rows["gpu"].startswith("setuptools < 77")
+    assert not (out / "build.log").exists()  # stopped before building
+
+
+def test_device_check_takes_a_carried_setuptools_wheel(tmp_path):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "setuptools-99.0.0-py3-none-any.whl").write_text("stand-in")
+    proc, out, rows = _run_device_check(tmp_path, ["nvidia-smi", "python-old-setuptools"],
+                                        python="python-old-setuptools", WHEELS=str(wheels),
+                                        CHECK_STEPS="build")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "setuptools from setuptools-99.0.0-py3-none-any.whl" in (out / "gpu.log").read_text()
+    assert rows["build"] == "ok"
+    assert "path=/tmp/pa-setuptools" in (out / "build.log").read_text()  # the build sees it
