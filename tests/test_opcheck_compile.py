@@ -138,9 +138,9 @@ def _decode_step_nhd(key, value, storage, layout: str, slot_mapping, query, bloc
     return out * 2  # something after the op, so the graph uses its result
 
 
-# torch 2.14's inductor lowers the storage offset of a mutated view argument to 0 under dynamic
-# shapes (pytorch/pytorch#198068, fix proposed in #198069): reshape_and_cache_flash into kv[:, 1]
-# then writes into kv[:, 0]. Strict: this test fails once torch computes it right.
+# torch's inductor (every release tried, 2.5 to 2.14) lowers the storage offset of a mutated view
+# argument to 0 under dynamic shapes (pytorch/pytorch#198068, fix proposed in #198069):
+# reshape_and_cache_flash into kv[:, 1] then writes into kv[:, 0]. Strict: this test fails once torch computes it right.
 _TORCH_OFFSET_BUG = pytest.mark.xfail(
     strict=True, reason="pytorch/pytorch#198068: inductor drops the storage offset of a mutated "
                         "view argument under dynamic shapes")
