@@ -151,18 +151,24 @@ import sys, torch, setuptools
 print('python', sys.version.split()[0], '| torch', torch.__version__, '| CUDA', torch.version.cuda,
       '|', torch.cuda.get_device_name(0), '| setuptools', setuptools.__version__)
 " >> "$OUT_DIR/gpu.log" 2>&1
-{ command -v nvcc > /dev/null && nvcc --version | tail -n 1; } >> "$OUT_DIR/gpu.log" 2>&1
+NVCC_BIN="$(command -v nvcc || echo "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")"
+{ "$NVCC_BIN" --version | tail -n 1; } >> "$OUT_DIR/gpu.log" 2>&1
 cat "$OUT_DIR/gpu.log"
 # setup.py needs setuptools >= 77: take a carried wheel (see Env above) when the python's is older.
-if ! "$PY" -c "import setuptools, sys; sys.exit(int(setuptools.__version__.split('.')[0]) < 77)"; then
-  WHEEL=$(ls "${WHEELS:-$ROOT/.whl}"/setuptools-*.whl 2>/dev/null | tail -n 1)
-  if [[ -z "$WHEEL" ]] || ! "$PY" -m pip install -q --no-index --no-deps --target /tmp/pa-setuptools "$WHEEL" > "$OUT_DIR/setuptools.log" 2>&1; then
-    echo "device_check.sh: $PY has setuptools < 77 and no usable wheel in ${WHEELS:-$ROOT/.whl}/ (see the usage at the top)" >&2
+WHEELS="${WHEELS:-$ROOT/.whl}"
+if ! "$PY" -c "import setuptools, sys; sys.exit(int(setuptools.__version__.split('.')[0]) < 77)"
+then
+  WHEEL=$(ls "$WHEELS"/setuptools-*.whl 2>/dev/null | tail -n 1)
+  if [[ -z "$WHEEL" ]] || ! "$PY" -m pip install -q --no-index --no-deps \
+      --target /tmp/pa-setuptools "$WHEEL" > "$OUT_DIR/setuptools.log" 2>&1; then
+    echo "device_check.sh: $PY has no setuptools >= 77 and no usable wheel in $WHEELS/" \
+         "(see the usage at the top)" >&2
     echo "| gpu | setuptools < 77, no wheel in .whl/ | 0 | gpu.log |" >> "$RESULTS"
     exit 1
   fi
   export PYTHONPATH="/tmp/pa-setuptools${PYTHONPATH:+:$PYTHONPATH}"
-  echo "setuptools from $(basename "$WHEEL") (the python's own is older than 77)" | tee -a "$OUT_DIR/gpu.log"
+  echo "setuptools from $(basename "$WHEEL") (the python's own is older than 77)" |
+    tee -a "$OUT_DIR/gpu.log"
 fi
 echo "| gpu | ok: $(head -n 1 "$OUT_DIR/gpu.log" | cut -c1-60), sm_${ARCH/./} | 0 | gpu.log |" >> "$RESULTS"
 
