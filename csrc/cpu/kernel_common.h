@@ -61,8 +61,19 @@ constexpr float kCoef[6] = {1.9875691500E-4f, 1.3981999507E-3f, 8.3334519073E-3f
                             4.1665795894E-2f, 1.6666665459E-1f, 5.0000001201E-1f};
 }  // namespace exp_poly
 
-// Prefetch into L2 (prefetcht1 on x86, PRFM PLDL2KEEP on aarch64).
-inline void prefetch_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
+// Prefetch into L2 (prefetcht1 on x86, PRFM PLDL2KEEP on aarch64), as a volatile asm: GCC takes
+// __builtin_prefetch for free of side effects, so it may drop a whole call of a helper that only
+// prefetches (it did: prefetch_row_share vanished from the compiled QK, and PV then waited on
+// V from DRAM: 1.5-2x slower; docs/PERFORMANCE.md "Regression").
+inline void prefetch_l2(const void* p) {
+#if defined(__x86_64__) || defined(__i386__)
+  asm volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(p)));
+#elif defined(__aarch64__)
+  asm volatile("prfm pldl2keep, %0" : : "Q"(*static_cast<const char*>(p)));
+#else
+  __builtin_prefetch(p, 0, 2);
+#endif
+}
 
 // Register tiles of the layers with 8 Vec of registers (AVX2: 16 ymm, NEON: 32 q registers):
 // QK gt * qk_vecs accumulators + K vectors + q; PV gt * pv_dims accumulators + one V row, the
