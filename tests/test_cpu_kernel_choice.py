@@ -2,6 +2,8 @@
 force another, a clear error for one that cannot run, and torch's CPU capability as a cap."""
 
 import os
+import pathlib
+import re
 import subprocess
 import sys
 
@@ -82,3 +84,15 @@ def test_torch_cpu_capability_caps_the_choice():
                          check=True).stdout.splitlines()
     assert out[0] == "scalar"
     assert out[1].startswith("error:") and "capability" in out[1], out
+
+
+def test_cpu_prefetches_go_through_the_volatile_helpers():
+    """GCC takes __builtin_prefetch for free of side effects and dropped every call of a helper
+    that only prefetched (docs/PERFORMANCE.md, "Regression"): the CPU code prefetches only
+    through kernel_common.h's prefetch_l1 / prefetch_l2 (volatile asm on x86 and aarch64)."""
+    cpu = pathlib.Path(__file__).resolve().parents[1] / "csrc" / "cpu"
+    call = re.compile(r"(?:__builtin_prefetch|_mm_prefetch)\s*\(")
+    found = {path.name: len(call.findall(path.read_text()))
+             for path in cpu.glob("*") if path.suffix in (".h", ".cpp")}
+    # kernel_common.h: the portable fallback of each helper, for compilers on other ISAs
+    assert {name: n for name, n in found.items() if n} == {"kernel_common.h": 2}

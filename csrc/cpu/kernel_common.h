@@ -75,6 +75,17 @@ inline void prefetch_l2(const void* p) {
 #endif
 }
 
+// Prefetch into L1 (prefetcht0 / PRFM PLDL1KEEP), volatile for the same reason.
+inline void prefetch_l1(const void* p) {
+#if defined(__x86_64__) || defined(__i386__)
+  asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p)));
+#elif defined(__aarch64__)
+  asm volatile("prfm pldl1keep, %0" : : "Q"(*static_cast<const char*>(p)));
+#else
+  __builtin_prefetch(p, 0, 3);
+#endif
+}
+
 // Register tiles of the layers with 8 Vec of registers (AVX2: 16 ymm, NEON: 32 q registers):
 // QK gt * qk_vecs accumulators + K vectors + q; PV gt * pv_dims accumulators + one V row, the
 // probabilities read from L1 as FMA operands. A token-major K row is taken in x = 8 form (a

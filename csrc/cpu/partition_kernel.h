@@ -429,7 +429,7 @@ inline void pv_tokens(const typename Cache::storage* vt, int64_t vstride, const 
     if (t < n_ahead) {
       const auto* a = reinterpret_cast<const char*>(ahead + t * vstride);
 #pragma GCC unroll 8
-      for (int l = 0; l < kPassBytes; l += 64) __builtin_prefetch(a + l, 0, 3);
+      for (int l = 0; l < kPassBytes; l += 64) prefetch_l1(a + l);
     }
     Vec pg[Isa::kProbsInRegisters ? GT : 1];  // else broadcast per use (few registers)
     if constexpr (Isa::kProbsInRegisters) {
