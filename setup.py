@@ -12,6 +12,8 @@ Environment:
                            the newest), or with no GPU visible "7.5;8.0;9.0;10.0;12.0+PTX" (T4 to
                            Blackwell; paged_attention_ext/tools/cuda_arch.py, docs/BUILD.md)
     CUDA_HOME              default /usr/local/cuda when that folder exists
+    CXX                    the C++ compiler (torch's default: c++); its OpenMP flags are probed
+                           (paged_attention_ext/tools/openmp_flags.py; docs/BUILD.md, "OpenMP")
     DEBUG=1                -O0 -g;  MAX_JOBS  parallel compile jobs (ninja)
     PAGED_ATTN_SANITIZE=1  AddressSanitizer + UndefinedBehaviorSanitizer on the C++ code (CPU-only
                            build in build/temp-sanitize; scripts/sanitize.sh runs the tests on it)
@@ -69,11 +71,11 @@ def want_cuda() -> bool:
     return available
 
 
-def _cuda_arch_module():
-    """paged_attention_ext/tools/cuda_arch.py, loaded by path (importing the package would load a
+def _tool_module(name: str):
+    """paged_attention_ext/tools/<name>.py, loaded by path (importing the package would load a
     possibly stale _C)."""
-    path = os.path.join(ROOT, "paged_attention_ext", "tools", "cuda_arch.py")
-    spec = importlib.util.spec_from_file_location("_paged_attn_cuda_arch", path)
+    path = os.path.join(ROOT, "paged_attention_ext", "tools", name + ".py")
+    spec = importlib.util.spec_from_file_location("_paged_attn_" + name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
@@ -87,7 +89,7 @@ def cuda_arch_flags() -> list:
     in ops_cuda.cu and build_info()). The
     flags are torch's own translation of the list; passing them explicitly stops torch from
     adding its own (and from failing when no GPU is visible)."""
-    archs, why, flags, targets = _cuda_arch_module().resolve_build(
+    archs, why, flags, targets = _tool_module("cuda_arch").resolve_build(
         os.environ.get("TORCH_CUDA_ARCH_LIST"))
     if not targets:
         sys.exit(f"paged_attention_ext: TORCH_CUDA_ARCH_LIST={archs!r} gave no -gencode flags")
@@ -136,10 +138,18 @@ def extension():
         opt = ["-O1", "-g"]
     cxx_sources = sources("csrc/*.cpp") + sources("csrc/torch_glue/*.cpp") + sources(
         "csrc/cpu/*.cpp")
-    # -fopenmp: at::parallel_for's OpenMP body is inline in ATen headers, so it must be compiled
+    # OpenMP: at::parallel_for's OpenMP body is inline in ATen headers, so it must be compiled
     # with OpenMP here or every "parallel" region runs on one thread.
-    cxx_flags = opt + sanitize + ["-fopenmp"]
-    link_flags = sanitize + ["-fopenmp"]
+    omp = _tool_module("openmp_flags").openmp_flags(os.environ.get("CXX", "c++"))
+    if omp is None:
+        print("paged_attention_ext: WARNING: the C++ compiler "
+              f"({os.environ.get('CXX', 'c++')}) compiles no OpenMP program: building without "
+              "OpenMP, so every CPU kernel call runs on ONE thread. Install an OpenMP runtime "
+              "for it (e.g. libomp-dev for clang) or build with GCC (docs/BUILD.md).",
+              file=sys.stderr)
+        omp = ([], [])
+    cxx_flags = opt + sanitize + omp[0]
+    link_flags = sanitize + omp[1]
     kwargs = dict(
         name="paged_attention_ext._C",
         extra_link_args=link_flags,
@@ -198,8 +208,19 @@ class Develop(Command):
                                "-e", ROOT] + extra)
 
 
+def ext_modules() -> list:
+    """The extension, except on Windows: its build uses GCC / clang flags and builtins, and MSVC
+    has neither, so there the package installs without it and its PyTorch implementation serves
+    the ops (never tried on Windows; docs/BUILD.md)."""
+    if sys.platform == "win32":
+        print("paged_attention_ext: WARNING: the compiled extension is not built on Windows; the "
+              "ops run on the package's PyTorch implementation (docs/BUILD.md)", file=sys.stderr)
+        return []
+    return [extension()]
+
+
 setup(
-    ext_modules=[extension()],
+    ext_modules=ext_modules(),
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True), "develop": Develop},
     options={"bdist_wheel": {"py_limited_api": "cp39"}},
 )

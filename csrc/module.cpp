@@ -6,6 +6,10 @@
 //   build_info() -> dict                             what this build compiled and registered:
 //     torch_version        str, the torch the library was compiled against (torch's headers)
 //     cpu_kernel_variants  [name], best first (cpu/kernel_variants.cpp)
+//     compiler             str, the C++ compiler of the host code ("gcc 12.2.0", "clang 14.0.6")
+//     openmp               bool, the C++ code was compiled with OpenMP (_OPENMP, set by the
+//                          build when the compiler has it): without it at::parallel_for runs every
+//                          CPU kernel call on one thread
 //     registered_kernels   {dispatch key: [op overload]} (torch_glue/registered_kernels.h)
 //     cuda                 bool, CUDA kernels compiled (PAGED_ATTN_WITH_CUDA, set by the build)
 //     cuda_archs           [image] ("sm_80", "compute_120"; cuda/build_info.h), [] without CUDA
@@ -36,6 +40,23 @@
 #endif
 
 namespace {
+
+#ifdef _OPENMP
+constexpr long kOpenMP = 1;
+#else
+constexpr long kOpenMP = 0;
+#endif
+
+#define PA_STRINGIFY_(x) #x
+#define PA_STRINGIFY(x) PA_STRINGIFY_(x)
+#if defined(__clang__)
+constexpr const char* kCompiler = "clang " PA_STRINGIFY(__clang_major__) "." PA_STRINGIFY(
+    __clang_minor__) "." PA_STRINGIFY(__clang_patchlevel__);
+#elif defined(__GNUC__)
+constexpr const char* kCompiler = "gcc " __VERSION__;
+#else
+constexpr const char* kCompiler = "unknown";
+#endif
 
 PyObject* cpu_kernel(PyObject*, PyObject*) {
   std::string error;
@@ -165,6 +186,8 @@ PyObject* build_info(PyObject*, PyObject*) {
   if (info == nullptr) return nullptr;
   const bool ok = set_item(info, "torch_version", PyUnicode_FromString(TORCH_VERSION)) &&
                   set_item(info, "cpu_kernel_variants", cpu_variant_names()) &&
+                  set_item(info, "compiler", PyUnicode_FromString(kCompiler)) &&
+                  set_item(info, "openmp", PyBool_FromLong(kOpenMP)) &&
                   set_item(info, "registered_kernels", registered_kernels()) &&
                   add_cuda_info(info);
   if (!ok) Py_CLEAR(info);

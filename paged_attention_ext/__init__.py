@@ -66,6 +66,9 @@ def build_info():
     (csrc/module.cpp): a dict with
       torch_version         the torch it was compiled against
       cpu_kernel_variants   [name] of the CPU kernel variants compiled, best first
+      compiler              the C++ compiler of its host code ("gcc 12.2.0", "clang 14.0.6")
+      openmp                whether the C++ code was compiled with OpenMP; without it every CPU
+                            kernel call runs on one thread (docs/BUILD.md)
       registered_kernels    {dispatch key ("CPU", "CUDA"): [op overload ("v2", "v2.scale_tensor")]}
       cuda                  whether CUDA kernels were compiled
       cuda_archs            [image] ("sm_80", "compute_120") the CUDA kernels were compiled for
@@ -105,6 +108,11 @@ if EXTENSION_STATUS in ("not built", "failed to load"):
 
 
 
+NO_OPENMP_WARNING = ("paged_attention_ext: the compiled extension _C was built without OpenMP "
+                     "(its compiler had none), so every CPU kernel call runs on one thread; "
+                     "rebuild with a compiler that has OpenMP (docs/BUILD.md, \"OpenMP\")")
+
+
 def _torch_mismatch(built: str, running: str):
     """A warning text when `_C` was compiled against another torch release than the one
     running (local tags such as +cu130 aside), else None. torch's C++ ABI is not stable across
@@ -122,6 +130,8 @@ if EXTENSION_STATUS == "loaded":
     _mismatch = _torch_mismatch(_C.build_info()["torch_version"], _torch.__version__)
     if _mismatch:
         _warnings.warn(_mismatch, RuntimeWarning, stacklevel=2)
+    if not _C.build_info()["openmp"]:
+        _warnings.warn(NO_OPENMP_WARNING, RuntimeWarning, stacklevel=2)
 
 # The PyTorch implementation that serves devices with no compiled kernel.
 _register(extension_loaded(), fallback)

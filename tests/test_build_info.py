@@ -30,8 +30,9 @@ def build():
 def test_keys_and_types(build):
     assert set(build) == {"torch_version", "cpu_kernel_variants", "registered_kernels", "cuda",
                           "cuda_archs", "cuda_attention_pairs", "cuda_head_sizes",
-                          "cuda_runtime_version", "cuda_attention_kernel"}
+                          "cuda_runtime_version", "cuda_attention_kernel", "compiler", "openmp"}
     assert isinstance(build["cuda"], bool) and isinstance(build["cuda_attention_kernel"], str)
+    assert isinstance(build["openmp"], bool) and isinstance(build["compiler"], str)
     assert pa.build_info() == build  # a fresh object each call, same content
 
 
@@ -98,9 +99,39 @@ def test_cuda_attention_pairs_are_the_instantiated_launchers(build):
     assert build["cuda_runtime_version"] > 0
 
 
+def _undefined_symbols(path):
+    out = subprocess.run(["nm", "-D", "--undefined-only", path], capture_output=True, text=True,
+                         check=True).stdout
+    return {line.split()[-1].split("@")[0] for line in out.splitlines() if line.strip()}
+
+
+@pytest.mark.skipif(shutil.which("nm") is None or shutil.which("readelf") is None
+                    or not sys.platform.startswith("linux"), reason="needs binutils on Linux")
+def test_compiler_and_openmp_are_the_library_files(build):
+    """The compiler is the one named in the library's .comment section; openmp says whether the
+    library calls an OpenMP runtime (GNU's GOMP_parallel or LLVM's __kmpc_fork_call), as
+    at::parallel_for's inline body does only when compiled with OpenMP."""
+    comment = subprocess.run(["readelf", "-p", ".comment", pa._C.__file__], capture_output=True,
+                             text=True, check=True).stdout
+    name, _, version = build["compiler"].partition(" ")
+    if name == "clang":
+        assert "clang version " + version.split()[0] in comment, comment
+    else:
+        assert name == "gcc" and "GCC: " in comment and version.split()[0] in comment, comment
+    calls_openmp = bool({"GOMP_parallel", "__kmpc_fork_call"} & _undefined_symbols(pa._C.__file__))
+    assert build["openmp"] == calls_openmp
+    if name == "gcc":  # GCC ships its OpenMP runtime: a GCC build without it is a build bug
+        assert build["openmp"]
+
+
 def test_info_prints_the_build(build):
     lines = dict(backends.describe(backends.detect()))
-    assert lines["_C built with"].startswith(f"torch {build['torch_version']}, ")
+    assert lines["_C built with"].startswith(
+        f"torch {build['torch_version']}, {build['compiler']}, "
+        + ("OpenMP, " if build["openmp"] else "no OpenMP, "))
+    assert lines["CPU kernel threads"] == (
+        f"{torch.get_num_threads()} (torch.get_num_threads(), OpenMP)" if build["openmp"]
+        else '1: _C was built without OpenMP (its compiler had none; docs/BUILD.md, "OpenMP")')
     assert lines["_C CPU kernels"] == ", ".join(build["registered_kernels"]["CPU"])
     assert ("CUDA attention" in lines) == build["cuda"]
     assert ("CUDA attention kernel" in lines) == build["cuda"]

@@ -4,6 +4,7 @@
 // load, a partial one goes through a zeroed 16-element buffer).
 // The algorithm is partition_kernel.h; this file only supplies primitives (contract there).
 #include "kernel_common.h"
+#include "x86_f16c.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -224,7 +225,7 @@ namespace avx2 {
 bool cpu_supports() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c");
+         x86_has_f16c();
 }
 
 }  // namespace avx2

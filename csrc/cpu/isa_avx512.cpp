@@ -3,6 +3,7 @@
 // AVX512_BF16) and "avx512". One __m512 is the 16-lane Vec, __mmask16 the Mask.
 // The algorithm is partition_kernel.h; this file only supplies primitives (contract there).
 #include "kernel_common.h"
+#include "x86_f16c.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -281,7 +282,7 @@ bool cpu_supports() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
          __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c");
+         x86_has_f16c();
 }
 }  // namespace avx512
 

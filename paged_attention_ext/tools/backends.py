@@ -289,7 +289,8 @@ def _describe_build(build: dict) -> list:
     """(topic, text) lines: what the loaded _C says it was built with."""
     cuda = build["cuda"]
     runtime = build["cuda_runtime_version"]
-    lines = [("_C built with", f"torch {build['torch_version']}, " +
+    lines = [("_C built with", f"torch {build['torch_version']}, {build['compiler']}, " +
+              ("OpenMP, " if build["openmp"] else "no OpenMP, ") +
               (f"CUDA {runtime // 1000}.{runtime % 1000 // 10}" if cuda else "no CUDA"))]
     lines += [(f"_C {key} kernels", ", ".join(ops))
               for key, ops in build["registered_kernels"].items()]
@@ -302,6 +303,14 @@ def _describe_build(build: dict) -> list:
         lines.append(("CUDA attention kernel", f"{build['cuda_attention_kernel']}  "
                       f"[PAGED_ATTN_CUDA_KERNEL={kernels} forces one]"))
     return lines
+
+
+def _cpu_threads(build: dict) -> str:
+    """How many threads a CPU kernel call runs on: torch's intra-op threads, or one when _C was
+    compiled without OpenMP (at::parallel_for's OpenMP body is inline in ATen's headers)."""
+    if not build["openmp"]:
+        return "1: _C was built without OpenMP (its compiler had none; docs/BUILD.md, \"OpenMP\")"
+    return f"{torch.get_num_threads()} (torch.get_num_threads(), OpenMP)"
 
 
 def describe(det: Detection) -> list:
@@ -335,6 +344,7 @@ def describe(det: Detection) -> list:
                     for name, ok, why in det.cpu_kernel_variants]
         lines.append(("CPU kernel variants", ", ".join(variants) +
                       "  [PAGED_ATTN_CPU_KERNEL=<name> forces one]"))
+        lines.append(("CPU kernel threads", _cpu_threads(build)))
     if cuda:
         archs = ", ".join(det.cuda_archs) or "archs unknown"
         usable = [g for g in det.gpus if g.match is None or g.match.runs]

@@ -41,9 +41,13 @@ def _cpu_kernel() -> str:
     import paged_attention_ext
 
     try:
-        return paged_attention_ext.cpu_kernel()
+        name = paged_attention_ext.cpu_kernel()
     except ValueError as exc:
         return f"error: {exc}"
+    build = paged_attention_ext.build_info()
+    if build is not None and not build["openmp"]:
+        name += " (built without OpenMP: one thread)"
+    return name
 
 
 def machine_info(device: str) -> dict:
