@@ -5,13 +5,15 @@
 # under qemu-aarch64: neon and scalar), and runs each on a folder of cases written by
 # tests/test_cpu_kernel_cross.py (which also runs this script from pytest).
 #
-# Usage: bash scripts/cross_test.sh [--host | --arm] [CASE_DIR]
+# Usage: bash scripts/cross_test.sh [--host | --arm | --arm-clang] [CASE_DIR]
 #   CASE_DIR  cases to run; default: written to $BUILD/cases first (needs torch + the package)
 #   --host / --arm   only that build (default: both)
+#   --arm-clang      only the aarch64 build by clang++ --target=aarch64-linux-gnu (the compiler
+#                    family of Apple silicon; links against the GCC cross toolchain's libraries)
 # Env: PAGED_ATTN_CROSS_INSTALL=1   as root: apt-get install g++-aarch64-linux-gnu qemu-user if missing
 #      PAGED_ATTN_CROSS_BUILD=DIR   where binaries (and default cases) go; default build/cross
 #      PYTHON                       interpreter writing the cases; default .venv/bin/python
-# Exit: 0 every build ran and passed; 1 a build or a case failed; 3 the aarch64 run could not
+# Exit: 0 every build ran and passed; 1 a build or a case failed; 3 an aarch64 run could not
 #       happen (missing tools; said plainly below) though the rest passed.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,6 +25,7 @@ TARGETS="host arm"
 case "${1:-}" in
   --host) TARGETS=host; shift ;;
   --arm) TARGETS=arm; shift ;;
+  --arm-clang) TARGETS=arm-clang; shift ;;
 esac
 CASES="${1:-}"
 status=0
@@ -86,6 +89,19 @@ if [[ " $TARGETS " == *" arm "* ]]; then
       echo "cross_test: aarch64 (neon) NOT RUN: $why"
       [ $status = 0 ] && status=3
     fi
+  fi
+fi
+if [[ " $TARGETS " == *" arm-clang "* ]]; then
+  missing=""
+  for tool in clang++ aarch64-linux-gnu-g++ qemu-aarch64; do
+    command -v $tool >/dev/null || missing="$missing $tool"
+  done
+  if [ -z "$missing" ]; then
+    build aarch64-clang clang++ --target=aarch64-linux-gnu -static -O2 -std=c++20 -I csrc \
+      && run aarch64-clang qemu-aarch64 || status=1
+  else
+    echo "cross_test: aarch64 built by clang (neon) NOT RUN: missing$missing"
+    [ $status = 0 ] && status=3
   fi
 fi
 exit $status

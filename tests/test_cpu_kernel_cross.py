@@ -220,6 +220,19 @@ def test_aarch64_variants_under_qemu(case_dir, tmp_path):
     assert_all_passed(run_cross("--arm", case_dir, tmp_path), ["neon", "scalar"])
 
 
+def test_aarch64_variants_built_by_clang_under_qemu(case_dir, tmp_path):
+    """The same, compiled by clang (Apple silicon's compiler family) instead of GCC."""
+    import platform
+    if platform.machine() in ("aarch64", "arm64"):
+        pytest.skip("host is aarch64: scripts/test_clang.sh builds with clang natively")
+    missing = [t for t in ("clang++", "aarch64-linux-gnu-g++", "qemu-aarch64")
+               if shutil.which(t) is None]
+    if missing:
+        pytest.skip(f"{' and '.join(missing)} not installed (apt-get install clang "
+                    "g++-aarch64-linux-gnu qemu-user)")
+    assert_all_passed(run_cross("--arm-clang", case_dir, tmp_path), ["neon", "scalar"])
+
+
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         sys.exit(f"usage: {sys.argv[0]} CASE_DIR   (writes the cross-test cases there)")
