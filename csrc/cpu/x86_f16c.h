@@ -1,6 +1,6 @@
 // x86_f16c.h — does this x86-64 CPU have F16C (the fp16 <-> fp32 conversions the avx2-fma and
 // avx512 layers decode fp16 caches with)? Asked through CPUID leaf 1 (ECX bit 29) because
-// __builtin_cpu_supports("f16c") is a compile error in clang before 16 (Apple clang included);
+// __builtin_cpu_supports("f16c") is a compile error in clang 14 ("invalid cpu feature string");
 // the other features keep __builtin_cpu_supports, which also checks that the OS saves AVX state.
 #pragma once
 

@@ -6,8 +6,8 @@ code that calls it must itself be compiled with OpenMP, or every CPU kernel call
 thread. Compilers differ:
   - GCC and LLVM clang with an OpenMP runtime installed: -fopenmp.
   - macOS: Apple clang takes OpenMP only as `-Xclang -fopenmp` and has no runtime of its own; it
-    links the libomp that torch's macOS wheels ship (torch/lib, with omp.h in torch/include), as
-    torch's inductor does. This path has never run here (docs/BUILD.md).
+    links the libomp that torch's macOS wheels ship (torch/lib, with omp.h among torch's
+    headers), as torch's inductor does. This path has never run here (docs/BUILD.md).
   - clang without an OpenMP runtime (Debian's clang without libomp-dev): none; the build goes on
     without OpenMP and says so, and the extension reports it (build_info()["openmp"]).
 
