@@ -127,10 +127,11 @@ def _torch_mismatch(built: str, running: str):
 if EXTENSION_STATUS == "loaded":
     import torch as _torch
 
-    _mismatch = _torch_mismatch(_C.build_info()["torch_version"], _torch.__version__)
+    _build = _C.build_info()
+    _mismatch = _torch_mismatch(_build["torch_version"], _torch.__version__)
     if _mismatch:
         _warnings.warn(_mismatch, RuntimeWarning, stacklevel=2)
-    if not _C.build_info()["openmp"]:
+    if not _build["openmp"]:
         _warnings.warn(NO_OPENMP_WARNING, RuntimeWarning, stacklevel=2)
 
 # The PyTorch implementation that serves devices with no compiled kernel.
