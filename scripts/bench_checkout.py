@@ -8,8 +8,9 @@ separate processes, on a quiet machine, and compare within a round.
 
 A warm loop (the same call repeated, K / V in cache) hides regressions in how the kernel streams
 K / V from memory; this one does not (docs/PERFORMANCE.md, "Regression").
-Shape: Llama-3-8B-like, batch 8 (--batch), 32 query / 8 KV heads, head 128, block 16, a random
-block table.
+Shape: Llama-3-8B-like by default, batch 8 (--batch), 32 query / 8 KV heads (--heads,
+--kv-heads), head 128 (--head), block 16, a random block table; Qwen-like is
+--batch 1 --heads 24 --kv-heads 4 --head 256 --ctx 16384.
 """
 
 import argparse
@@ -25,6 +26,9 @@ def main():
     ap.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--heads", type=int, default=32, help="query heads")
+    ap.add_argument("--kv-heads", type=int, default=8)
+    ap.add_argument("--head", type=int, default=128, help="head size")
     ap.add_argument("--calls", type=int, default=15)
     args = ap.parse_args()
 
@@ -39,7 +43,7 @@ def main():
 
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
-    batch, heads, kv_heads, head, block = args.batch, 32, 8, 128, 16
+    batch, heads, kv_heads, head, block = args.batch, args.heads, args.kv_heads, args.head, 16
     blocks = batch * (args.ctx // block)
     x = 16 // dtype.itemsize
     key_cache = torch.randn(blocks, kv_heads, head // x, block, x, dtype=dtype)
@@ -67,7 +71,7 @@ def main():
         start = time.perf_counter()
         call()
         times.append(time.perf_counter() - start)
-    print(f"{root}: {args.dtype} batch {batch} ctx {args.ctx}: "
+    print(f"{root}: {args.dtype} batch {batch} {heads}/{kv_heads}h d{head} ctx {args.ctx}: "
           f"{statistics.median(times) * 1e3:.2f} ms (median of {args.calls}), "
           f"threads {torch.get_num_threads()}")
 
