@@ -47,11 +47,12 @@ struct Isa {
   using Mask = __mmask16;
 
   // Register tiles (32 zmm): QK holds gt * qk_vecs accumulators + qk_vecs K vectors + q;
-  // PV gt * pv_dims accumulators + gt probabilities + one V row.
-  static constexpr int kQkHeads = 6, kPvHeads = 6;
+  // PV gt * pv_rows (pv_vecs) accumulators + gt probabilities + one V row.
+  static constexpr int kQkHeads = 6, kRowPvHeads = 6, kTokenPvHeads = 6;
   static constexpr int qk_vecs(int gt) { return gt <= 2 ? 8 : 4; }
-  static constexpr int pv_dims(int gt, bool wide) { return wide && gt <= 2 ? 8 : 4; }
-  static constexpr bool kProbsInRegisters = true;
+  static constexpr int pv_rows(int gt, bool wide) { return wide && gt <= 2 ? 8 : 4; }
+  static constexpr int pv_vecs(int gt, bool wide) { return pv_rows(gt, wide); }
+  static constexpr bool kRowProbsInRegisters = true, kTokenProbsInRegisters = true;
   static constexpr bool kHasBf16Dot = true;
   static constexpr int kTokenMajorX = 16;  // a q row of 16 dims is one register
 
@@ -63,6 +64,7 @@ struct Isa {
   static Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
   static Vec max(Vec a, Vec b) { return _mm512_max_ps(a, b); }
   static Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+  static Vec pv_fmadd(Vec v, Vec p, Vec acc) { return fmadd(v, p, acc); }
   static Vec load(const float* p, Mask m) { return _mm512_maskz_loadu_ps(m, p); }
   static Vec load_or(const float* p, Mask m, float fill) {
     return _mm512_mask_loadu_ps(_mm512_set1_ps(fill), m, p);

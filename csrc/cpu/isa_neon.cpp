@@ -87,6 +87,7 @@ struct Isa : EightVecTiles {  // 16 ymm / 32 q registers: 8 Vec
     for (int i = 0; i < 4; ++i) c.v[i] = vfmaq_f32(c.v[i], a.v[i], b.v[i]);
     return c;
   }
+  static Vec pv_fmadd(Vec v, Vec p, Vec acc) { return fmadd(v, p, acc); }
   static Vec loadu(const float* p) {
     return {{vld1q_f32(p), vld1q_f32(p + 4), vld1q_f32(p + 8), vld1q_f32(p + 12)}};
   }

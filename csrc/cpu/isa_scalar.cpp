@@ -17,11 +17,12 @@ struct Isa {
   using Vec = Vec16;
   using Mask = LaneRange;
 
-  static constexpr int kQkHeads = 4, kPvHeads = 4;
+  static constexpr int kQkHeads = 4, kRowPvHeads = 4, kTokenPvHeads = 4;
   static constexpr int kTokenMajorX = 8;  // as the 8-register layers (the same code path)
   static constexpr int qk_vecs(int gt) { return gt <= 2 ? 2 : 1; }
-  static constexpr int pv_dims(int /*gt*/, bool /*wide*/) { return 4; }
-  static constexpr bool kProbsInRegisters = true;
+  static constexpr int pv_rows(int /*gt*/, bool /*wide*/) { return 4; }
+  static constexpr int pv_vecs(int /*gt*/, bool /*wide*/) { return 4; }
+  static constexpr bool kRowProbsInRegisters = true, kTokenProbsInRegisters = true;
   static constexpr bool kHasBf16Dot = false;
 
   static Mask lanes(int lo, int hi) { return lane_range(lo, hi); }
@@ -51,6 +52,7 @@ struct Isa {
     for (int i = 0; i < 16; ++i) c.v[i] += a.v[i] * b.v[i];
     return c;
   }
+  static Vec pv_fmadd(Vec v, Vec p, Vec acc) { return fmadd(v, p, acc); }
   static Vec load(const float* p, Mask m) {
     Vec r;
     copy_lanes(r.v, p, m);

@@ -87,16 +87,17 @@ inline void prefetch_l1(const void* p) {
 }
 
 // Register tiles of the layers with 8 Vec of registers (AVX2: 16 ymm, NEON: 32 q registers):
-// QK gt * qk_vecs accumulators + K vectors + q; PV gt * pv_dims accumulators + one V row, the
-// probabilities read from L1 as FMA operands. A token-major K row is taken in x = 8 form (a
+// QK gt * qk_vecs accumulators + K vectors + q; PV gt * pv_rows (pv_vecs) accumulators + one V
+// row, the probabilities read from L1 as FMA operands (AVX2 overrides vLLM's layout's PV). A token-major K row is taken in x = 8 form (a
 // vector = 8 dims of two tokens): the q row, reloaded per head and row, is then 8 dims (AVX2:
 // one ymm load, as vLLM's x = 4 form) instead of 16, and the token sums need one fold less.
 struct EightVecTiles {
-  static constexpr int kQkHeads = 4, kPvHeads = 3;
+  static constexpr int kQkHeads = 4, kRowPvHeads = 3, kTokenPvHeads = 3;
   static constexpr int kTokenMajorX = 8;
   static constexpr int qk_vecs(int gt) { return gt == 1 ? 4 : gt == 2 ? 2 : 1; }
-  static constexpr int pv_dims(int gt, bool /*wide*/) { return gt == 1 ? 4 : 2; }
-  static constexpr bool kProbsInRegisters = false;
+  static constexpr int pv_rows(int gt, bool /*wide*/) { return gt == 1 ? 4 : 2; }
+  static constexpr int pv_vecs(int gt, bool /*wide*/) { return gt == 1 ? 4 : 2; }
+  static constexpr bool kRowProbsInRegisters = false, kTokenProbsInRegisters = false;
 };
 
 // One block of the partition: where its [kv_head] slices start and which slots are ours.

@@ -6,6 +6,9 @@
 // every ISA gets its own copy of the code, compiled for that ISA only. The layer's contract:
 //   Vec, Mask          16 fp32 lanes and a lane selection (Mask lanes(lo, hi): [lo, hi), clamped)
 //   zero set1 add sub mul max fmadd(a, b, c) = a * b + c
+//   pv_fmadd(v, p, acc)       vLLM-layout PV: acc + v * p as far as the lane sum goes (only the
+//                      lane sums of those accumulators are read): fmadd, or the products folded
+//                      into fewer registers (AVX2: both 8-lane halves into the low one)
 //   load(p, m) store(p, v, m) load_or(p, m, fill) select(m, v)   masked fp32 access: lanes
 //                      outside m read nothing (load: 0, load_or: fill) and are not written
 //   load_cache<Cache>(p, m)   16 cache elements -> fp32, lanes outside m read nothing and are 0
@@ -19,9 +22,13 @@
 //   reduce4(a, b, c, d, scale, out)   out[0..3] = scale * (sum a, sum b, sum c, sum d)
 //   q_row<X>(q)        X floats repeated over 16 lanes (X = 4, 8, 16)
 //   fold16 fold8 sum_x4      token sums of QK accumulators in "x form" (below)
-//   kQkHeads kPvHeads  most query heads in one register tile of QK / PV
-//   kProbsInRegisters  PV keeps a tile's probabilities in registers (else re-reads them from L1)
-//   qk_vecs(gt) pv_dims(gt, wide)   K vectors per QK pass / head dims per PV pass for a tile
+//   kQkHeads kRowPvHeads kTokenPvHeads   most query heads in one register tile of QK / PV
+//                      (vLLM's layout) / PV (token-major)
+//   kRowProbsInRegisters kTokenProbsInRegisters   PV (vLLM's layout / token-major) keeps a
+//                      tile's probabilities in registers (else re-reads them from L1)
+//   qk_vecs(gt)        K vectors per QK pass for a tile of gt heads
+//   pv_rows(gt, wide)  V rows (head dims) per vLLM-layout PV pass (wide: head_size % 8 == 0)
+//   pv_vecs(gt, wide)  vectors of 16 dims per token-major PV pass
 //   kHasBf16Dot        true if the layer also supplies qk_bf16dot / pv_bf16dot / probs_to_bf16
 //
 // Algorithm per work item (G query heads share the KV head; head tiles share every K / V load):
@@ -132,9 +139,9 @@ inline const typename Cache::storage* k_at(const typename Cache::storage* kblk, 
 // j + 16 jt of the pass.
 template <typename Cache, KvForm F, int GT, int JT, typename LoadK>
 inline void qk_row(const LoadK& load_k, const float* qs, const TaskShape& s, int j, int c,
-                   Vec (&acc)[GT][JT], const char* pf_a, const char* pf_b) {
+                   Vec (&acc)[GT][JT], const char* pf_k, const char* pf_v) {
   constexpr int X = form_x<Cache, F>();
-  if (j == 0) prefetch_row_share(pf_a, pf_b, s, c);  // spread over this block
+  if (j == 0) prefetch_row_share(pf_k, pf_v, s, c);  // spread over this block
   Vec kv[JT];
 #pragma GCC unroll 8
   for (int jt = 0; jt < JT; ++jt) kv[jt] = load_k(jt);
@@ -151,7 +158,7 @@ inline void qk_row(const LoadK& load_k, const float* qs, const TaskShape& s, int
 // K's last row holds head_size % X dims when that is not 0 (qs is zero padded to 16 dims).
 template <typename Cache, KvForm F, int GT, int JT, bool kFull>
 inline void qk_rows(const typename Cache::storage* kblk, const float* qs, const TaskShape& s, int j,
-                    Vec (&acc)[GT][JT], const char* pf_a, const char* pf_b) {
+                    Vec (&acc)[GT][JT], const char* pf_k, const char* pf_v) {
   constexpr int X = form_x<Cache, F>();
   const int full_rows = s.D / X;
   if constexpr (F == KvForm::kTokenMajor && X == 8) {  // vector jt: tokens (j + 16 jt) / 8, + 1
@@ -164,7 +171,7 @@ inline void qk_rows(const typename Cache::storage* kblk, const float* qs, const 
         return Isa::template load_token_pair<Cache>(k_at<Cache, F>(kblk, s, c, j + 16 * jt),
                                                     s.k_token_stride, ntok[jt], dims);
       };
-      qk_row<Cache, F, GT, JT>(load_k, qs, s, j, c, acc, pf_a, pf_b);
+      qk_row<Cache, F, GT, JT>(load_k, qs, s, j, c, acc, pf_k, pf_v);
     };
     for (int c = 0; c < full_rows; ++c) row(c, 8);
     if (full_rows < s.C) row(full_rows, s.D % 8);
@@ -177,7 +184,7 @@ inline void qk_rows(const typename Cache::storage* kblk, const float* qs, const 
       const auto load_k = [&](int jt) {
         return Isa::template load_cache<Cache>(k_at<Cache, F>(kblk, s, c, j + 16 * jt), m[jt]);
       };
-      qk_row<Cache, F, GT, JT>(load_k, qs, s, j, c, acc, pf_a, pf_b);
+      qk_row<Cache, F, GT, JT>(load_k, qs, s, j, c, acc, pf_k, pf_v);
     }
     if constexpr (F == KvForm::kTokenMajor) {
       if (full_rows < s.C) {
@@ -189,7 +196,7 @@ inline void qk_rows(const typename Cache::storage* kblk, const float* qs, const 
           return Isa::template load_cache<Cache>(k_at<Cache, F>(kblk, s, full_rows, j + 16 * jt),
                                                  tail[jt]);
         };
-        qk_row<Cache, F, GT, JT>(load_k, qs, s, j, full_rows, acc, pf_a, pf_b);
+        qk_row<Cache, F, GT, JT>(load_k, qs, s, j, full_rows, acc, pf_k, pf_v);
       }
     }
   }
@@ -200,10 +207,10 @@ inline void qk_rows(const typename Cache::storage* kblk, const float* qs, const 
 // JT vectors (16 * JT elements, 16 * JT / X tokens) of each row per pass. When a pass yields
 // fewer than 16 tokens (JT < X), the accumulators of X / JT consecutive passes are held (in L1)
 // and folded together: one 16-token sum instead of a mostly-zero one per pass.
-// pf_a / pf_b (either may be null): a K and a V slice prefetched into L2 a row's share per K row.
+// pf_k / pf_v (either may be null): a K and a V slice prefetched into L2 a row's share per K row.
 template <typename Cache, KvForm F, int GT, int JT>
 void qk_block(const typename Cache::storage* kblk, const float* qs, const TaskShape& s,
-              float* logits, const char* pf_a, const char* pf_b) {
+              float* logits, const char* pf_k, const char* pf_v) {
   constexpr int X = form_x<Cache, F>();
   constexpr int kPasses = JT < X ? X / JT : 1;  // passes per 16-token group
   Vec held[GT][kPasses > 1 ? X : 1];
@@ -215,9 +222,9 @@ void qk_block(const typename Cache::storage* kblk, const float* qs, const TaskSh
 #pragma GCC unroll 8
       for (int jt = 0; jt < JT; ++jt) acc[g][jt] = Isa::zero();
     if (s.R - j >= 16 * JT)
-      qk_rows<Cache, F, GT, JT, true>(kblk, qs, s, j, acc, pf_a, pf_b);
+      qk_rows<Cache, F, GT, JT, true>(kblk, qs, s, j, acc, pf_k, pf_v);
     else
-      qk_rows<Cache, F, GT, JT, false>(kblk, qs, s, j, acc, pf_a, pf_b);
+      qk_rows<Cache, F, GT, JT, false>(kblk, qs, s, j, acc, pf_k, pf_v);
     if constexpr (kPasses == 1) {
       const int ntok = std::min(16 * JT, s.R - j) / X;
 #pragma GCC unroll 8
@@ -251,31 +258,31 @@ inline int tile_heads(int G, int done, int most) {
 
 template <typename Cache, KvForm F, int GT>
 void qk_tile_of(const typename Cache::storage* kblk, const float* qs, float qk_scale,
-                const TaskShape& s, float* logits, const char* pf_a, const char* pf_b) {
+                const TaskShape& s, float* logits, const char* pf_k, const char* pf_v) {
   if constexpr (std::is_same_v<Cache, BF16Dot>) {  // bf16 query, see run_partition
     IsaFor<Cache>::type::template qk_bf16dot<GT>(kblk, reinterpret_cast<const uint16_t*>(qs),
-                                                 qk_scale, s, logits, pf_a, pf_b);
+                                                 qk_scale, s, logits, pf_k, pf_v);
   } else {
     (void)qk_scale;  // folded into qs
-    qk_block<Cache, F, GT, Isa::qk_vecs(GT)>(kblk, qs, s, logits, pf_a, pf_b);
+    qk_block<Cache, F, GT, Isa::qk_vecs(GT)>(kblk, qs, s, logits, pf_k, pf_v);
   }
 }
 
 template <typename Cache, KvForm F>
 void qk_tile(int gt, const typename Cache::storage* kblk, const float* qs, float qk_scale,
-             const TaskShape& s, float* logits, const char* pf_a, const char* pf_b) {
+             const TaskShape& s, float* logits, const char* pf_k, const char* pf_v) {
   switch (gt) {
     case 1:
-      return qk_tile_of<Cache, F, 1>(kblk, qs, qk_scale, s, logits, pf_a, pf_b);
+      return qk_tile_of<Cache, F, 1>(kblk, qs, qk_scale, s, logits, pf_k, pf_v);
     case 2:
-      return qk_tile_of<Cache, F, 2>(kblk, qs, qk_scale, s, logits, pf_a, pf_b);
+      return qk_tile_of<Cache, F, 2>(kblk, qs, qk_scale, s, logits, pf_k, pf_v);
     case 3:
-      return qk_tile_of<Cache, F, 3>(kblk, qs, qk_scale, s, logits, pf_a, pf_b);
+      return qk_tile_of<Cache, F, 3>(kblk, qs, qk_scale, s, logits, pf_k, pf_v);
     case 4:
-      return qk_tile_of<Cache, F, 4>(kblk, qs, qk_scale, s, logits, pf_a, pf_b);
+      return qk_tile_of<Cache, F, 4>(kblk, qs, qk_scale, s, logits, pf_k, pf_v);
     default:
       if constexpr (Isa::kQkHeads >= 6)
-        return qk_tile_of<Cache, F, 6>(kblk, qs, qk_scale, s, logits, pf_a, pf_b);
+        return qk_tile_of<Cache, F, 6>(kblk, qs, qk_scale, s, logits, pf_k, pf_v);
   }
 }
 
@@ -308,7 +315,7 @@ inline void softmax_in_place(float* buf, int lo, int hi, float* m_out, float* s_
 template <typename Cache, int GT, int DT>
 inline void pv_chunk(const float* pc, const typename Cache::storage* vc, const TaskShape& s, Mask m,
                      Vec (&acc)[GT][DT]) {
-  if constexpr (Isa::kProbsInRegisters) {  // p loaded once, kept in registers across dims
+  if constexpr (Isa::kRowProbsInRegisters) {  // p loaded once, kept in registers across dims
     Vec pv[GT];
 #pragma GCC unroll 8
     for (int g = 0; g < GT; ++g) pv[g] = Isa::load(pc + g * s.L, m);
@@ -316,7 +323,7 @@ inline void pv_chunk(const float* pc, const typename Cache::storage* vc, const T
     for (int dt = 0; dt < DT; ++dt) {
       const Vec vr = Isa::template load_cache<Cache>(vc + static_cast<int64_t>(dt) * s.bs, m);
 #pragma GCC unroll 8
-      for (int g = 0; g < GT; ++g) acc[g][dt] = Isa::fmadd(vr, pv[g], acc[g][dt]);
+      for (int g = 0; g < GT; ++g) acc[g][dt] = Isa::pv_fmadd(vr, pv[g], acc[g][dt]);
     }
   } else {  // few registers: p re-read from L1 per dim (an FMA memory operand), more accumulators
 #pragma GCC unroll 8
@@ -324,7 +331,7 @@ inline void pv_chunk(const float* pc, const typename Cache::storage* vc, const T
       const Vec vr = Isa::template load_cache<Cache>(vc + static_cast<int64_t>(dt) * s.bs, m);
 #pragma GCC unroll 8
       for (int g = 0; g < GT; ++g)
-        acc[g][dt] = Isa::fmadd(vr, Isa::load(pc + g * s.L, m), acc[g][dt]);
+        acc[g][dt] = Isa::pv_fmadd(vr, Isa::load(pc + g * s.L, m), acc[g][dt]);
     }
   }
 }
@@ -390,10 +397,10 @@ void pv_tile(const typename Cache::storage* V, const Span* spans, int nspans, co
 }
 
 // Vectors of 16 dims per token-major PV pass for a tile of gt heads and nvec vectors a row:
-// the layer's register tile (pv_dims counted in vectors) unless its narrow tile divides the row
-// and the wide one does not (fewer empty vectors).
+// the layer's register tile (pv_vecs) unless its narrow tile divides the row and the wide one
+// does not (fewer empty vectors).
 constexpr int token_pv_vecs(int gt, int nvec) {
-  const int wide = Isa::pv_dims(gt, true), narrow = Isa::pv_dims(gt, false);
+  const int wide = Isa::pv_vecs(gt, true), narrow = Isa::pv_vecs(gt, false);
   return nvec % wide == 0 || nvec % narrow != 0 ? wide : narrow;
 }
 
@@ -406,7 +413,7 @@ constexpr int token_pv_passes(int gt, int nvec) {
 inline int token_pv_steps(const Span* spans, int nspans, int G, int D) {
   int passes = 0;
   for (int g0 = 0; g0 < G;) {
-    const int gt = tile_heads(G, g0, Isa::kPvHeads);
+    const int gt = tile_heads(G, g0, Isa::kTokenPvHeads);
     passes += token_pv_passes(gt, (D + 15) / 16);
     g0 += gt;
   }
@@ -431,8 +438,8 @@ inline void pv_tokens(const typename Cache::storage* vt, int64_t vstride, const 
 #pragma GCC unroll 8
       for (int l = 0; l < kPassBytes; l += 64) prefetch_l1(a + l);
     }
-    Vec pg[Isa::kProbsInRegisters ? GT : 1];  // else broadcast per use (few registers)
-    if constexpr (Isa::kProbsInRegisters) {
+    Vec pg[Isa::kTokenProbsInRegisters ? GT : 1];  // else broadcast per use (few registers)
+    if constexpr (Isa::kTokenProbsInRegisters) {
 #pragma GCC unroll 8
       for (int g = 0; g < GT; ++g) pg[g] = Isa::set1(pt[g * s.L]);
     }
@@ -442,7 +449,7 @@ inline void pv_tokens(const typename Cache::storage* vt, int64_t vstride, const 
           Isa::template load_cache<Cache>(vt + 16 * dt, kFull ? Isa::lanes(0, 16) : m[dt]);
 #pragma GCC unroll 8
       for (int g = 0; g < GT; ++g) {
-        if constexpr (Isa::kProbsInRegisters)
+        if constexpr (Isa::kTokenProbsInRegisters)
           acc[g][dt] = Isa::fmadd(vr, pg[g], acc[g][dt]);
         else
           acc[g][dt] = Isa::fmadd(vr, Isa::set1(pt[g * s.L]), acc[g][dt]);
@@ -501,7 +508,7 @@ template <typename Cache, int GT>
 void pv_block_tile_of(const typename Cache::storage* V, const Span* spans, int i, int nspans,
                       const float* probs, const TaskShape& s, const float* norm, float* out,
                       int64_t out_stride, bool prefetch_next, PrefetchStream& pf) {
-  constexpr int kWide = Isa::pv_dims(GT, true), kNarrow = Isa::pv_dims(GT, false);
+  constexpr int kWide = Isa::pv_vecs(GT, true), kNarrow = Isa::pv_vecs(GT, false);
   if (kWide == kNarrow || token_pv_vecs(GT, (s.D + 15) / 16) == kWide)
     return pv_block_tokens<Cache, GT, kWide>(V, spans, i, nspans, probs, s, norm, out, out_stride,
                                              prefetch_next, pf);
@@ -520,7 +527,7 @@ void pv_token_major(const typename Cache::storage* V, const Span* spans, int nsp
                     int64_t out_stride, PrefetchStream& pf) {
   for (int i = 0; i < nspans; ++i) {
     for (int g0 = 0; g0 < G;) {
-      const int gt = tile_heads(G, g0, Isa::kPvHeads);
+      const int gt = tile_heads(G, g0, Isa::kTokenPvHeads);
       const float* pg = probs + static_cast<int64_t>(g0) * s.L;
       float* og = out + g0 * out_stride;
       const bool pf_next = g0 == 0;
@@ -538,12 +545,12 @@ void pv_token_major(const typename Cache::storage* V, const Span* spans, int nsp
                                      pf_next, pf);
           break;
         case 4:
-          if constexpr (Isa::kPvHeads >= 4)
+          if constexpr (Isa::kTokenPvHeads >= 4)
             pv_block_tile_of<Cache, 4>(V, spans, i, nspans, pg, s, norm + g0, og, out_stride,
                                        pf_next, pf);
           break;
         default:
-          if constexpr (Isa::kPvHeads >= 6)
+          if constexpr (Isa::kTokenPvHeads >= 6)
             pv_block_tile_of<Cache, 6>(V, spans, i, nspans, pg, s, norm + g0, og, out_stride,
                                        pf_next, pf);
       }
@@ -559,11 +566,11 @@ void pv_tile_of(const typename Cache::storage* V, const Span* spans, int nspans,
                 const TaskShape& s, const float* norm, float* out, int64_t out_stride,
                 PrefetchStream& pf) {
   const bool wide = s.D % 8 == 0;
-  constexpr int kWide = Isa::pv_dims(GT, true), kNarrow = Isa::pv_dims(GT, false);
+  constexpr int kWide = Isa::pv_rows(GT, true), kNarrow = Isa::pv_rows(GT, false);
   static_assert(F == KvForm::kVllm, "token-major PV: pv_token_major");
   if constexpr (std::is_same_v<Cache, BF16Dot>) {  // probabilities in bf16, probs_to_bf16
     const auto* pb = reinterpret_cast<const uint16_t*>(probs);
-    if (wide && Isa::pv_dims(GT, true) == 8)
+    if (wide && Isa::pv_rows(GT, true) == 8)
       return IsaFor<Cache>::type::template pv_bf16dot<GT, 8>(V, spans, nspans, pb, s, norm, out,
                                                              out_stride, pf);
     return IsaFor<Cache>::type::template pv_bf16dot<GT, 4>(V, spans, nspans, pb, s, norm, out,
@@ -585,13 +592,15 @@ void pv_heads(int gt, const typename Cache::storage* V, const Span* spans, int n
     case 2:
       return pv_tile_of<Cache, F, 2>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
     case 3:
-      return pv_tile_of<Cache, F, 3>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
+      if constexpr (Isa::kRowPvHeads >= 3)
+        return pv_tile_of<Cache, F, 3>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
+      return;
     case 4:
-      if constexpr (Isa::kPvHeads >= 4)
+      if constexpr (Isa::kRowPvHeads >= 4)
         return pv_tile_of<Cache, F, 4>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
       return;
     default:
-      if constexpr (Isa::kPvHeads >= 6)
+      if constexpr (Isa::kRowPvHeads >= 6)
         return pv_tile_of<Cache, F, 6>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
   }
 }
@@ -728,10 +737,10 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
     pf.nfirst = nk;
     pf.mem = s.k_mem;
     pf.mem_rest = s.v_mem;
-    const int first_tile = tile_heads(G, 0, Isa::kPvHeads);
+    const int first_tile = tile_heads(G, 0, Isa::kRowPvHeads);
     const int steps = F == KvForm::kTokenMajor
                           ? std::max(1, token_pv_steps(spans, nspans, G, s.D))
-                          : s.D / Isa::pv_dims(first_tile, s.D % 8 == 0) * nspans;
+                          : s.D / Isa::pv_rows(first_tile, s.D % 8 == 0) * nspans;
     const int64_t lines = nk * s.k_mem.lines() + nv * s.v_mem.lines();
     pf.lines_per_step = static_cast<int>((lines + steps - 1) / steps);
   }
@@ -787,7 +796,7 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
     pv_token_major<Cache>(V, spans, nspans, logits, s, G, norm, out, out_stride, pf);
   } else {
     for (int g0 = 0; g0 < G;) {
-      const int gt = tile_heads(G, g0, Isa::kPvHeads);
+      const int gt = tile_heads(G, g0, Isa::kRowPvHeads);
       pv_heads<Cache, F>(gt, V, spans, nspans, logits + static_cast<int64_t>(g0) * s.L, s,
                          norm + g0, out + g0 * out_stride, out_stride, pf);
       g0 += gt;
