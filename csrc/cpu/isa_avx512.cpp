@@ -161,8 +161,8 @@ struct Isa {
   // sums are scaled by qk_scale. vLLM's K only (bf16: x = 8).
   template <int GT>
   PA_AVX512_BF16 static void qk_bf16dot(const uint16_t* kblk, const uint16_t* qb, float qk_scale,
-                                        const TaskShape& s, float* logits, const char* pf_a,
-                                        const char* pf_b) {
+                                        const TaskShape& s, float* logits, const char* pf_k,
+                                        const char* pf_v) {
     constexpr int JT = 4;  // 4 vectors of 32 elements: 16 tokens
     const __m512 scale = _mm512_set1_ps(qk_scale);
     for (int j = 0; j < s.R; j += 32 * JT) {
@@ -176,7 +176,7 @@ struct Isa {
         for (int jt = 0; jt < JT; ++jt) acc[g][jt] = _mm512_setzero_ps();
       for (int c = 0; c < s.C; ++c) {
         const uint16_t* kp = kblk + static_cast<int64_t>(c) * s.R + j;
-        if (j == 0) prefetch_row_share(pf_a, pf_b, s, c);  // spread over this block
+        if (j == 0) prefetch_row_share(pf_k, pf_v, s, c);  // spread over this block
         __m512bh kv[JT];
         for (int jt = 0; jt < JT; ++jt)
           kv[jt] = (__m512bh)_mm512_maskz_loadu_epi16(m[jt], kp + 32 * jt);

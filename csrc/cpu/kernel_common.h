@@ -88,9 +88,10 @@ inline void prefetch_l1(const void* p) {
 
 // Register tiles of the layers with 8 Vec of registers (AVX2: 16 ymm, NEON: 32 q registers):
 // QK gt * qk_vecs accumulators + K vectors + q; PV gt * pv_rows (pv_vecs) accumulators + one V
-// row, the probabilities read from L1 as FMA operands (AVX2 overrides vLLM's layout's PV). A token-major K row is taken in x = 8 form (a
-// vector = 8 dims of two tokens): the q row, reloaded per head and row, is then 8 dims (AVX2:
-// one ymm load, as vLLM's x = 4 form) instead of 16, and the token sums need one fold less.
+// row, the probabilities read from L1 as FMA operands (AVX2 overrides vLLM's layout's PV). A
+// token-major K row is taken in x = 8 form (a vector = 8 dims of two tokens): the q row,
+// reloaded per head and row, is then 8 dims (AVX2: one ymm load, as vLLM's x = 4 form) instead
+// of 16, and the token sums need one fold less.
 struct EightVecTiles {
   static constexpr int kQkHeads = 4, kRowPvHeads = 3, kTokenPvHeads = 3;
   static constexpr int kTokenMajorX = 8;
