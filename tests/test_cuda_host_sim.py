@@ -14,9 +14,12 @@ every cache slot no sequence uses, fp8 scales != 1, outputs and scratch pre-fill
 
 What a pass shows: the kernels' indexing, per-lane / per-warp / per-block logic, barrier order
 (a barrier some threads skip deadlocks and fails), the split and reduce, and the tensor-core
-path's use of the fragments, on these shapes. What it cannot: the hardware (cp.async runs as the
-kernels' synchronous fallback, so a missing wait cannot show; memory is sequentially consistent;
-mma.sync is the documentation's reading), speed, and the shapes outside kSimDims / kSimTiles of
+path's use of the fragments, and the pipeline's cp.async waits and barriers (a copy lands only
+when its group is waited for, its destination poisoned until then: a short wait fails, as does a
+slot rewritten while a lane the schedule has not yet run still reads it;
+test_a_pipeline_wait_one_short_is_caught shows it can). What it
+cannot: the rest of the hardware (memory is sequentially consistent; mma.sync is the
+documentation's reading), speed, and the shapes outside kSimDims / kSimTiles of
 the driver (head sizes 64-128, head tiles 1, 4, 8). tests/test_cuda_kernels.py does those on a
 GPU.
 """
@@ -97,16 +100,21 @@ def _build(tmp, driver, *defines):
                                     cuda_include))
 
 
-def _simulate(tmp, cases, all_shapes=False):
-    """{(case, kernel, mode): (status, note)} of one driver run over `cases` and KERNELS."""
-    exe = _build(tmp, "driver", *(("PAGED_ATTN_SIM_ALL_SHAPES",) if all_shapes else ()))
+def _run_driver(exe, tmp, cases, kernels=KERNELS, env=None):
+    """{(case, kernel, mode): (status, note)} of one run of the built driver over `cases`."""
     case_dir = tmp / "cases"
     cross.write_cases(str(case_dir), cases)
-    run = subprocess.run([exe, str(case_dir), *KERNELS], capture_output=True, text=True,
-                         timeout=1800)
+    run = subprocess.run([exe, str(case_dir), *kernels], capture_output=True, text=True,
+                         timeout=1800, env=None if env is None else {**os.environ, **env})
     print(run.stdout[-20000:], run.stderr[-4000:])  # shown on failure
     assert run.returncode in (0, 1), f"simulation error (rc {run.returncode}): {run.stderr}"
     return {(m[2], m[3], m[4]): (m[1].strip(), m[5].strip()) for m in LINE.finditer(run.stdout)}
+
+
+def _simulate(tmp, cases, all_shapes=False):
+    """{(case, kernel, mode): (status, note)} of one driver run over `cases` and KERNELS."""
+    exe = _build(tmp, "driver", *(("PAGED_ATTN_SIM_ALL_SHAPES",) if all_shapes else ()))
+    return _run_driver(exe, tmp, cases)
 
 
 def _assert_all_passed(results, cases):
@@ -119,8 +127,14 @@ def _assert_all_passed(results, cases):
 
 
 @pytest.fixture(scope="module")
-def sim_run(tmp_path_factory):
-    return _simulate(tmp_path_factory.mktemp("cuda_sim"), CASES)
+def sim_driver(tmp_path_factory):
+    """The driver built once for this module's tests."""
+    return _build(tmp_path_factory.mktemp("cuda_sim_build"), "driver")
+
+
+@pytest.fixture(scope="module")
+def sim_run(sim_driver, tmp_path_factory):
+    return _run_driver(sim_driver, tmp_path_factory.mktemp("cuda_sim"), CASES)
 
 
 def test_every_kernel_matches_the_oracle_in_simulation(sim_run):
@@ -139,6 +153,26 @@ def test_the_split_and_the_tensor_cores_were_exercised(sim_run):
             status, note = sim_run[(cross.case_name(i, c), "mma", mode)]
             if status == "ok":
                 assert note == want, (c, mode, note)
+
+
+def test_a_pipeline_wait_one_short_is_caught(sim_driver, tmp_path):
+    """The simulation's cp.async is in flight until its group is waited for (cuda_sim.h), so a
+    pipeline that waits for one group too few reads its stages before they land and fails,
+    in every mode that runs and on both cache forms, while the baseline (no cp.async) still
+    passes: the copy model can fail, and it is what makes it fail."""
+    cases = [CASES[1], CASES[15]]  # vLLM's layout (GQA 4, bf16, ALiBi), NHD (GQA 8)
+    results = _run_driver(sim_driver, tmp_path, cases, env={"CUDA_SIM_WAIT_ONE_SHORT": "1"})
+    ran = 0
+    for i, c in enumerate(cases):
+        for mode in MODES:  # the split mode is skipped where the plan does not split
+            name = cross.case_name(i, c)
+            baseline = results[(name, "baseline", mode)][0]
+            assert baseline in ("ok", "SKIP"), (name, mode, results[(name, "baseline", mode)])
+            if baseline == "ok":
+                ran += 1
+                for kernel in ("pipelined", "mma"):
+                    assert results[(name, kernel, mode)][0] == "FAIL", (name, kernel, mode)
+    assert ran >= 5, results
 
 
 # Every head size and GQA tile the CUDA build compiles (the driver built with every shape: a

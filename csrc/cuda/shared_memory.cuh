@@ -3,7 +3,8 @@
 // (shared -> the registers of mma.sync fragments), and the shared-window address both take.
 // sm_80+ issue the instructions; older archs get a synchronous copy (cp.async) or never reach
 // the code (ldmatrix: the tensor-core path needs sm_80, kernel_choice.h); the host simulation
-// (tests/cuda_sim, PAGED_ATTN_CUDA_HOST_SIM) takes the synchronous copy and its own ldmatrix.
+// (tests/cuda_sim, PAGED_ATTN_CUDA_HOST_SIM) has its own cp.async (copies in flight until their
+// group is waited for) and ldmatrix.
 #pragma once
 
 #include <cstdint>
@@ -40,6 +41,8 @@ __device__ __forceinline__ void copy16_async(SharedAddress dst, const void* src,
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst.addr), "l"(src),
                "r"(src_bytes));
+#elif defined(PAGED_ATTN_CUDA_HOST_SIM)
+  cuda_sim::copy16_async(dst.ptr, src, src_bytes);
 #else
   uint4 value = make_uint4(0u, 0u, 0u, 0u);
   if (src_bytes == 16) {
@@ -80,6 +83,8 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], SharedAddress row) {
 __device__ __forceinline__ void copy_async_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;\n" ::);
+#elif defined(PAGED_ATTN_CUDA_HOST_SIM)
+  cuda_sim::copy_async_commit();
 #endif
 }
 
@@ -88,6 +93,8 @@ template <int kPending>
 __device__ __forceinline__ void copy_async_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+#elif defined(PAGED_ATTN_CUDA_HOST_SIM)
+  cuda_sim::copy_async_wait(kPending);
 #endif
 }
 

@@ -5,9 +5,15 @@
 //
 // What it proves: the kernels' indexing, their per-lane / per-warp / per-block logic and the
 // order of their barriers (a barrier some threads skip deadlocks here and is reported). What it
-// does not: anything about the hardware: cp.async is the kernels' own synchronous fallback (no
-// in-flight copies, so a missing wait cannot show), memory is sequentially consistent, mma.sync
-// and ldmatrix are mma_layout.h's reading of the PTX ISA, timing is meaningless.
+// does not: the rest of the hardware: memory is sequentially consistent, mma.sync and ldmatrix
+// are mma_layout.h's reading of the PTX ISA, timing is meaningless.
+//
+// cp.async is modelled in flight (copy16_async / copy_async_commit / copy_async_wait below): a
+// copy reads its source when issued but lands in shared memory only when the issuing thread's
+// cp.async.wait_group retires its group; from the issue until then its 16 destination bytes hold
+// 0xff (NaN in every element type the kernels read). So a read before the wait (a missing or
+// short wait), a read of a slot's previous contents after some lane issued a copy into it (a
+// missing barrier before the reuse) and a copy never waited for before the thread exits all show.
 //
 // Include this before any kernel header, with PAGED_ATTN_CUDA_HOST_SIM defined (the kernels'
 // two hooks: dynamic shared memory and mma.sync / ldmatrix).
@@ -22,6 +28,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <deque>
 #include <memory>
 #include <vector>
 
@@ -51,6 +58,12 @@ namespace cuda_sim {
 // A fiber starts on its own stack through makecontext / swapcontext (once); after that the
 // switches are _setjmp / _longjmp, which save no signal mask (swapcontext makes two system calls
 // per switch, which dominated the run time).
+// One cp.async of 16 bytes in flight: where it lands and what (read from the source at issue).
+struct AsyncCopy {
+  unsigned char* dst;
+  unsigned char bytes[16];
+};
+
 struct Fiber {
   ucontext_t context;
   jmp_buf resume;
@@ -58,6 +71,8 @@ struct Fiber {
   bool done = false;
   uint64_t waiting_for = 0;  // the barrier generation this fiber waits to pass; 0: runnable
   int barrier = -1;          // the barrier it waits at (0..warps-1: its warp, warps: the block)
+  std::vector<AsyncCopy> uncommitted;          // issued since the last commit_group
+  std::deque<std::vector<AsyncCopy>> groups;  // committed, not yet retired by a wait, oldest first
 };
 
 struct Block {
@@ -156,6 +171,9 @@ inline void launch(dim3 grid, int threads, size_t smem, const std::function<void
           makecontext(&f.context, reinterpret_cast<void (*)()>(+[] {
                         (*body)();
                         Block& blk = *block();
+                        const Fiber& me = blk.fibers[blk.current];
+                        if (!me.uncommitted.empty() || !me.groups.empty())
+                          fail("thread exited with cp.async copies never waited for");
                         blk.fibers[blk.current].done = true;
                         _longjmp(blk.scheduler_resume, 1);  // never returns
                       }), 0);
@@ -191,6 +209,46 @@ inline void launch(dim3 grid, int threads, size_t smem, const std::function<void
 }
 
 inline unsigned char* dynamic_shared_memory() { return block()->dynamic_smem.data(); }
+
+// cp.async.cg ... 16, src_bytes: the first src_bytes of `src` read now, the rest zero; the
+// destination poisoned until the copy's group is retired (see the top).
+inline void copy16_async(unsigned char* dst, const void* src, int src_bytes) {
+  if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0)
+    fail("cp.async of 16 bytes with an address not 16-byte aligned");
+  if (src_bytes < 0 || src_bytes > 16) fail("cp.async src-size outside 0..16");
+  AsyncCopy copy{dst, {}};
+  std::memcpy(copy.bytes, src, static_cast<size_t>(src_bytes));
+  block()->fibers[thread_rank()].uncommitted.push_back(copy);
+  std::memset(dst, 0xff, 16);
+}
+
+// cp.async.commit_group: this thread's copies since the last commit become one group (maybe empty).
+inline void copy_async_commit() {
+  Fiber& me = block()->fibers[thread_rank()];
+  me.groups.push_back(std::move(me.uncommitted));
+  me.uncommitted.clear();
+}
+
+// The tests' check that this model can fail: CUDA_SIM_WAIT_ONE_SHORT=1 makes every wait that
+// leaves groups in flight leave one more, as a pipeline whose wait count is off by one would
+// (the final wait_group 0 stays exact, so the failure shows as data read before it landed).
+inline int wait_slack(int pending) {
+  static const bool one_short = [] {
+    const char* v = std::getenv("CUDA_SIM_WAIT_ONE_SHORT");
+    return v != nullptr && v[0] == '1';
+  }();
+  return one_short && pending > 0 ? 1 : 0;
+}
+
+// cp.async.wait_group pending: lands this thread's oldest groups until at most `pending` remain
+// (copies not yet committed are not waited for, as on the hardware).
+inline void copy_async_wait(int pending) {
+  Fiber& me = block()->fibers[thread_rank()];
+  while (me.groups.size() > static_cast<size_t>(pending + wait_slack(pending))) {
+    for (const AsyncCopy& copy : me.groups.front()) std::memcpy(copy.dst, copy.bytes, 16);
+    me.groups.pop_front();
+  }
+}
 
 // mma.sync on the host: every lane publishes its fragments, then computes its own accumulator
 // elements from all of them by the documented layouts (mma_layout.h).
