@@ -17,7 +17,9 @@ What a pass shows: the kernels' indexing, per-lane / per-warp / per-block logic,
 path's use of the fragments, and the pipeline's cp.async waits and barriers (a copy lands only
 when its group is waited for, its destination poisoned until then: a short wait fails, as does a
 slot rewritten while a lane the schedule has not yet run still reads it;
-test_a_pipeline_wait_one_short_is_caught shows it can). What it
+test_a_pipeline_wait_one_short_is_caught shows it can), also with the threads run in an order
+shuffled at every barrier (a read of another lane's write with no barrier between fails;
+tests/cuda_sim/sim_selftest.cpp checks both models on tiny kernels). What it
 cannot: the rest of the hardware (memory is sequentially consistent; mma.sync is the
 documentation's reading), speed, and the shapes outside kSimDims / kSimTiles of
 the driver (head sizes 64-128, head tiles 1, 4, 8). tests/test_cuda_kernels.py does those on a
@@ -173,6 +175,47 @@ def test_a_pipeline_wait_one_short_is_caught(sim_driver, tmp_path):
                 for kernel in ("pipelined", "mma"):
                     assert results[(name, kernel, mode)][0] == "FAIL", (name, kernel, mode)
     assert ran >= 5, results
+
+
+def test_every_kernel_passes_under_a_shuffled_schedule(sim_driver, tmp_path):
+    """The same cases with the threads of each block run in a fresh random order at every round
+    between barriers (CUDA_SIM_SCHEDULE): a kernel that relied on the simulation's thread order
+    (a read of another lane's shared-memory write with no barrier between) fails here."""
+    results = _run_driver(sim_driver, tmp_path, CASES, env={"CUDA_SIM_SCHEDULE": "shuffle:20261203"})
+    _assert_all_passed(results, CASES)
+
+
+@pytest.fixture(scope="module")
+def sim_selftest(tmp_path_factory):
+    """tests/cuda_sim/sim_selftest.cpp: the simulation's own checks on tiny kernels."""
+    exe = _build(tmp_path_factory.mktemp("cuda_sim_selftest"), "sim_selftest")
+
+    def run(what, env=None):
+        return subprocess.run([exe, what], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, **(env or {})})
+    return run
+
+
+def test_the_simulation_shows_a_missing_barrier_only_under_a_shuffled_schedule(sim_selftest):
+    """What the shuffled-schedule test above relies on: a read of another thread's write with no
+    barrier between is right in thread order and wrong in a shuffled one."""
+    in_order = sim_selftest("race")
+    shuffled = sim_selftest("race", {"CUDA_SIM_SCHEDULE": "shuffle:20261203"})
+    assert in_order.returncode == 0 and in_order.stdout.strip() == "race: 0 wrong", in_order
+    assert shuffled.returncode == 0, shuffled
+    assert int(shuffled.stdout.split()[1]) > 0, shuffled.stdout
+    bad = sim_selftest("race", {"CUDA_SIM_SCHEDULE": "random"})
+    assert bad.returncode == 2 and "want shuffle:<seed>" in bad.stderr, bad
+
+
+def test_the_simulation_keeps_cp_async_in_flight_until_waited(sim_selftest):
+    """copy16_async's destination is poisoned until wait_group retires the copy, then holds the
+    source (zero past src-size); a thread that exits with a copy never waited for is an error."""
+    ran = sim_selftest("async")
+    assert ran.returncode == 0 and ran.stdout.strip() == "async: ok", ran
+    exited = sim_selftest("async_exit")
+    assert exited.returncode == 3, exited
+    assert "cp.async copies never waited for" in exited.stderr, exited
 
 
 # Every head size and GQA tile the CUDA build compiles (the driver built with every shape: a

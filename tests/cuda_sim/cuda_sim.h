@@ -1,7 +1,9 @@
 // cuda_sim.h — just enough of CUDA to run the project's kernels (csrc/cuda/*.cuh) on the host, for
 // tests/test_cuda_host_sim.py: every thread of a block is a fiber (ucontext) on one OS thread,
 // scheduled round-robin; a barrier (__syncthreads, __syncwarp, every shuffle) parks a fiber until
-// its whole block / warp has arrived. Blocks run one after the other. Deterministic.
+// its whole block / warp has arrived. Blocks run one after the other. Deterministic: the fibers
+// run in thread order, or with CUDA_SIM_SCHEDULE=shuffle:<seed> in an order drawn afresh (from
+// the seed) at every round, so that code relying on one order between barriers can show.
 //
 // What it proves: the kernels' indexing, their per-lane / per-warp / per-block logic and the
 // order of their barriers (a barrier some threads skip deadlocks here and is reported). What it
@@ -30,6 +32,8 @@
 #include <functional>
 #include <deque>
 #include <memory>
+#include <numeric>
+#include <random>
 #include <vector>
 
 #include <cuda_bf16.h>
@@ -138,7 +142,23 @@ T exchange(T mine, int src_thread) {
 [[noreturn]] inline void fail(const char* what) {
   std::fprintf(stderr, "cuda_sim: %s (block %u,%u,%u thread %u)\n", what, blockIdx.x, blockIdx.y,
                blockIdx.z, threadIdx.x);
-  std::exit(3);
+  std::fflush(nullptr);
+  std::_Exit(3);  // not exit(): from a fiber, the static destructors would free its own stack
+}
+
+// CUDA_SIM_SCHEDULE=shuffle:<seed> (seed != 0): the seed of the fibers' order; 0: thread order.
+inline uint32_t schedule_seed() {
+  static const uint32_t seed = [] {
+    const char* v = std::getenv("CUDA_SIM_SCHEDULE");
+    if (v == nullptr || v[0] == '\0') return 0u;
+    const unsigned long n = std::strncmp(v, "shuffle:", 8) == 0 ? std::strtoul(v + 8, nullptr, 10) : 0;
+    if (n == 0 || n > 0xffffffffu) {
+      std::fprintf(stderr, "cuda_sim: CUDA_SIM_SCHEDULE=%s: want shuffle:<seed>, seed 1..2^32-1\n", v);
+      std::exit(2);
+    }
+    return static_cast<uint32_t>(n);
+  }();
+  return seed;
 }
 
 // Runs kernel() for every block of `grid` with `threads` threads each (1-D blocks), `smem`
@@ -181,9 +201,13 @@ inline void launch(dim3 grid, int threads, size_t smem, const std::function<void
         blockIdx = dim3(x, y, z);
         blockDim = dim3(threads, 1, 1);
         gridDim = grid;
+        std::vector<int> order(threads);
+        std::iota(order.begin(), order.end(), 0);
+        std::mt19937 shuffle(schedule_seed() ^ (x + 7919u * (y + 7919u * z)));
         for (;;) {
           bool all_done = true, progressed = false;
-          for (int t = 0; t < threads; ++t) {
+          if (schedule_seed() != 0) std::shuffle(order.begin(), order.end(), shuffle);
+          for (const int t : order) {
             Fiber& f = b.fibers[t];
             if (f.done) continue;
             all_done = false;
