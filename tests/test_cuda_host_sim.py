@@ -19,7 +19,8 @@ when its group is waited for, its destination poisoned until then: a short wait 
 slot rewritten while a lane the schedule has not yet run still reads it;
 test_a_pipeline_wait_one_short_is_caught shows it can), also with the threads run in an order
 shuffled at every barrier (a read of another lane's write with no barrier between fails;
-tests/cuda_sim/sim_selftest.cpp checks both models on tiny kernels). What it
+tests/cuda_sim/sim_selftest.cpp checks both models on tiny kernels), and the 64-bit cache offsets
+(blocks moved past element 2^31 of the caches). What it
 cannot: the rest of the hardware (memory is sequentially consistent; mma.sync is the
 documentation's reading), speed, and the shapes outside kSimDims / kSimTiles of
 the driver (head sizes 64-128, head tiles 1, 4, 8). tests/test_cuda_kernels.py does those on a
@@ -183,6 +184,16 @@ def test_every_kernel_passes_under_a_shuffled_schedule(sim_driver, tmp_path):
     (a read of another lane's shared-memory write with no barrier between) fails here."""
     results = _run_driver(sim_driver, tmp_path, CASES, env={"CUDA_SIM_SCHEDULE": "shuffle:20261203"})
     _assert_all_passed(results, CASES)
+
+
+def test_caches_past_2_31_elements_in_simulation(sim_driver, tmp_path):
+    """Every kernel with the cache blocks moved past element 2^31 of the caches (the driver's
+    CUDA_SIM_FAR_BLOCKS: same data, block ids shifted, caches that reserve no memory): the
+    cache offsets are 64-bit on every path (vLLM's layout with 16-bit and fp8 caches, NHD, the
+    combined token-major layout with block size 5)."""
+    cases = [CASES[1], CASES[8], CASES[15], CASES[17]]
+    results = _run_driver(sim_driver, tmp_path, cases, env={"CUDA_SIM_FAR_BLOCKS": "1"})
+    _assert_all_passed(results, cases)
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,15 @@
 // as NaN; the result is compared with the case's expected output (the oracle's) and tolerances.
 //
 // Usage: driver CASE_DIR KERNEL...     (KERNEL: baseline, pipelined, mma)
+// Env:   CUDA_SIM_FAR_BLOCKS=1  moves every case's cache blocks past element 2^31 of a (mostly
+//        untouched, never-committed) larger cache and shifts the block tables to match: the
+//        same answer, through 64-bit cache offsets.
 // Prints one line per (case, kernel, mode) and exits 1 if any failed, 2 on bad usage, 3 on a
 // simulation error (deadlock, __trap). Only the shapes listed in kSimDims / kSimTiles below are
 // compiled (the host compiler instantiates each kernel); a case outside them is an error.
 #include "cuda_sim.h"  // first: the CUDA keywords the kernels use
+
+#include <sys/mman.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -144,6 +149,31 @@ std::string run(const std::string& kernel, const std::string& mode, Case& c) {
   return "error: no such (dtype, cache) pair";
 }
 
+// CUDA_SIM_FAR_BLOCKS: the case's K and V storage copied to the end of fresh caches of
+// `far` + num_blocks blocks, far chosen so that block `far` starts past element 2^31 of both,
+// and every in-range table entry shifted by far. The new caches are anonymous mappings that
+// reserve no memory: only the pages the copies write (and the kernels read) are ever touched.
+void move_blocks_far(Case& c) {
+  PagedAttentionParams& p = c.p;
+  const int64_t elem = cache_element_bytes(p.scalar_kind, p.cache_kind);
+  const int64_t min_stride = std::min(p.k_layout.block_stride, p.v_layout.block_stride);
+  const int64_t far = (int64_t{1} << 31) / min_stride + 1;
+  if (far + p.num_blocks > INT32_MAX) die(c.name + ": blocks too small to move past 2^31");
+  auto move = [&](const std::vector<unsigned char>& bytes, int64_t block_stride) {
+    const size_t offset = static_cast<size_t>(far * block_stride * elem);
+    void* base = mmap(nullptr, offset + bytes.size(), PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (base == MAP_FAILED) die(c.name + ": mmap of the far cache failed");
+    std::memcpy(static_cast<unsigned char*>(base) + offset, bytes.data(), bytes.size());
+    return static_cast<const void*>(base);  // never unmapped: the driver exits soon
+  };
+  p.key_cache = move(c.k, p.k_layout.block_stride);
+  p.value_cache = move(c.v, p.v_layout.block_stride);
+  for (int32_t& id : c.tables)
+    if (id >= 0 && id < p.num_blocks) id += static_cast<int32_t>(far);
+  p.num_blocks += far;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -152,6 +182,8 @@ int main(int argc, char** argv) {
   int failed = 0, passed = 0;
   for (const auto& path : paths) {
     Case c = case_file::read_case(path);
+    const char* far = std::getenv("CUDA_SIM_FAR_BLOCKS");
+    if (far != nullptr && far[0] == '1') move_blocks_far(c);
     for (int k = 2; k < argc; ++k) {
       const std::string kernel = argv[k];
       if (kernel != "baseline" && kernel != "pipelined" && kernel != "mma")
