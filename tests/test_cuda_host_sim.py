@@ -229,6 +229,14 @@ def test_the_simulation_keeps_cp_async_in_flight_until_waited(sim_selftest):
     assert "cp.async copies never waited for" in exited.stderr, exited
 
 
+def test_the_simulation_catches_a_write_past_dynamic_shared_memory(sim_selftest):
+    """The guard bytes around a block's dynamic shared memory: one byte written past its end
+    fails the launch (the kernels' rings and outputs live there)."""
+    past = sim_selftest("smem_past")
+    assert past.returncode == 3, past
+    assert "a write outside the block's dynamic shared memory" in past.stderr, past
+
+
 # Every head size and GQA tile the CUDA build compiles (the driver built with every shape: a
 # compile of a few minutes, hence @slow).
 ALL_SHAPE_CASES = [

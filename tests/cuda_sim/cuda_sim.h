@@ -79,13 +79,18 @@ struct Fiber {
   std::deque<std::vector<AsyncCopy>> groups;  // committed, not yet retired by a wait, oldest first
 };
 
+// Guard bytes on both sides of a block's dynamic shared memory (0xff, as the memory itself
+// starts): a read there gives NaN, a write there fails the launch. A multiple of 16, so the
+// memory stays as aligned as the allocation (cp.async and ldmatrix want 16 bytes).
+constexpr size_t kSmemGuard = 256;
+
 struct Block {
   std::vector<Fiber> fibers;
   int threads = 0, warps = 0;
   std::vector<int> arrived;         // per barrier: fibers arrived in this generation
   std::vector<uint64_t> generation; // per barrier: passed generations + 1
   std::vector<uint64_t> slots;      // per thread: the value published for an exchange
-  std::vector<unsigned char> dynamic_smem;
+  std::vector<unsigned char> dynamic_smem;  // kSmemGuard bytes, the block's, kSmemGuard bytes
   ucontext_t scheduler;
   jmp_buf scheduler_resume;
   int current = 0;
@@ -163,7 +168,7 @@ inline uint32_t schedule_seed() {
 
 // Runs kernel() for every block of `grid` with `threads` threads each (1-D blocks), `smem`
 // bytes of dynamic shared memory (NaN-filled bytes: 0xff, so a read of what no thread wrote
-// shows). Exits with a message on a deadlock (fibers waiting at barriers none can release).
+// shows; guarded on both sides, kSmemGuard). Exits with a message on a deadlock (fibers waiting at barriers none can release).
 inline void launch(dim3 grid, int threads, size_t smem, const std::function<void()>& kernel) {
   constexpr size_t kStack = 256 * 1024;
   static std::vector<std::unique_ptr<char[]>> stacks;  // reused by every block: touched once
@@ -178,7 +183,7 @@ inline void launch(dim3 grid, int threads, size_t smem, const std::function<void
         b.arrived.assign(b.warps + 1, 0);
         b.generation.assign(b.warps + 1, 1);
         b.slots.assign(threads, 0);
-        b.dynamic_smem.assign(smem, 0xff);
+        b.dynamic_smem.assign(smem + 2 * kSmemGuard, 0xff);
         block() = &b;
         static const std::function<void()>* body = nullptr;
         body = &kernel;
@@ -228,11 +233,14 @@ inline void launch(dim3 grid, int threads, size_t smem, const std::function<void
           if (all_done) break;
           if (!progressed) fail("deadlock: every live thread waits at a barrier");
         }
+        for (size_t i = 0; i < kSmemGuard; ++i)
+          if (b.dynamic_smem[i] != 0xff || b.dynamic_smem[kSmemGuard + smem + i] != 0xff)
+            fail("a write outside the block's dynamic shared memory");
         block() = nullptr;
       }
 }
 
-inline unsigned char* dynamic_shared_memory() { return block()->dynamic_smem.data(); }
+inline unsigned char* dynamic_shared_memory() { return block()->dynamic_smem.data() + kSmemGuard; }
 
 // cp.async.cg ... 16, src_bytes: the first src_bytes of `src` read now, the rest zero; the
 // destination poisoned until the copy's group is retired (see the top).

@@ -6,8 +6,9 @@
 //   async       a 16-byte cp.async (the kernels' copy16_async) read before and after its
 //               wait_group: poisoned (0xff) before, the source after; src-size 5 zero-fills
 //   async_exit  a thread exits with a copy committed but never waited for: a simulation error
+//   smem_past   a write one byte past the block's dynamic shared memory: a simulation error
 //
-// Usage: sim_selftest race|async|async_exit
+// Usage: sim_selftest race|async|async_exit|smem_past
 // Prints one line "<name>: <count> wrong" (race) or "async: ok" and exits 0; exits 1 when the
 // async model misbehaves, 3 on a simulation error (async_exit's expected outcome).
 #include "cuda_sim.h"  // first: the CUDA keywords the kernels use
@@ -69,6 +70,16 @@ int async_exit() {
   return 0;
 }
 
+int smem_past() {
+  cuda_sim::launch(dim3(1, 1, 1), 32, 64, [] {
+    PAGED_ATTN_DYNAMIC_SHARED_MEMORY(smem);
+    smem[threadIdx.x * 2] = 0;  // thread 31 writes byte 62, in range
+    if (threadIdx.x == 0) smem[64] = 0;
+  });
+  std::printf("smem_past: the simulation did not object\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -76,6 +87,7 @@ int main(int argc, char** argv) {
   if (what == "race") return race();
   if (what == "async") return async_copy();
   if (what == "async_exit") return async_exit();
-  std::fprintf(stderr, "usage: sim_selftest race|async|async_exit\n");
+  if (what == "smem_past") return smem_past();
+  std::fprintf(stderr, "usage: sim_selftest race|async|async_exit|smem_past\n");
   return 2;
 }
