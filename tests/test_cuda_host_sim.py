@@ -229,6 +229,13 @@ def test_the_simulation_keeps_cp_async_in_flight_until_waited(sim_selftest):
     assert "cp.async copies never waited for" in exited.stderr, exited
 
 
+def test_the_simulation_starts_every_block_with_nan_shared_memory(sim_selftest):
+    """Static __shared__ objects are refilled with NaN before every block: a kernel that read
+    what an earlier block left there (or relied on zero-initialised statics) would fail."""
+    fresh = sim_selftest("smem_fresh")
+    assert fresh.returncode == 0 and fresh.stdout.strip() == "smem_fresh: block 1 read NaN", fresh
+
+
 def test_the_simulation_catches_a_write_past_dynamic_shared_memory(sim_selftest):
     """The guard bytes around a block's dynamic shared memory: one byte written past its end
     fails the launch (the kernels' rings and outputs live there)."""

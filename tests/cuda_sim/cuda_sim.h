@@ -55,7 +55,12 @@
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
-#define __shared__ static  // blocks run one at a time: one object per kernel instantiation
+// Blocks run one at a time: one object per kernel instantiation, all of them in one section,
+// which launch() fills with 0xff (NaN) before every block, as a block's shared memory starts
+// undefined on the GPU (a read of what the block did not write shows).
+#define __shared__ static __attribute__((section("cuda_sim_shared"), used))
+extern "C" unsigned char __start_cuda_sim_shared[] __attribute__((weak));  // the linker's
+extern "C" unsigned char __stop_cuda_sim_shared[] __attribute__((weak));   // (none: null)
 
 namespace cuda_sim {
 
@@ -184,6 +189,9 @@ inline void launch(dim3 grid, int threads, size_t smem, const std::function<void
         b.generation.assign(b.warps + 1, 1);
         b.slots.assign(threads, 0);
         b.dynamic_smem.assign(smem + 2 * kSmemGuard, 0xff);
+        if (__start_cuda_sim_shared != nullptr)
+          std::memset(__start_cuda_sim_shared, 0xff,
+                      static_cast<size_t>(__stop_cuda_sim_shared - __start_cuda_sim_shared));
         block() = &b;
         static const std::function<void()>* body = nullptr;
         body = &kernel;

@@ -7,12 +7,15 @@
 //               wait_group: poisoned (0xff) before, the source after; src-size 5 zero-fills
 //   async_exit  a thread exits with a copy committed but never waited for: a simulation error
 //   smem_past   a write one byte past the block's dynamic shared memory: a simulation error
+//   smem_fresh  a __shared__ array written by block 0 and read by block 1 without writing it:
+//               block 1 reads NaN, as a block's shared memory starts undefined on a GPU
 //
-// Usage: sim_selftest race|async|async_exit|smem_past
+// Usage: sim_selftest race|async|async_exit|smem_past|smem_fresh
 // Prints one line "<name>: <count> wrong" (race) or "async: ok" and exits 0; exits 1 when the
 // async model misbehaves, 3 on a simulation error (async_exit's expected outcome).
 #include "cuda_sim.h"  // first: the CUDA keywords the kernels use
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -80,6 +83,20 @@ int smem_past() {
   return 0;
 }
 
+int smem_fresh() {
+  static float seen = 0;
+  cuda_sim::launch(dim3(2, 1, 1), 32, 0, [] {
+    __shared__ float value[4];
+    if (threadIdx.x == 0 && blockIdx.x == 0) value[1] = 1.0f;
+    if (threadIdx.x == 0 && blockIdx.x == 1) seen = value[1];
+  });
+  if (std::isnan(seen))
+    std::printf("smem_fresh: block 1 read NaN\n");
+  else
+    std::printf("smem_fresh: block 1 read %g\n", double(seen));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -88,6 +105,7 @@ int main(int argc, char** argv) {
   if (what == "async") return async_copy();
   if (what == "async_exit") return async_exit();
   if (what == "smem_past") return smem_past();
-  std::fprintf(stderr, "usage: sim_selftest race|async|async_exit|smem_past\n");
+  if (what == "smem_fresh") return smem_fresh();
+  std::fprintf(stderr, "usage: sim_selftest race|async|async_exit|smem_past|smem_fresh\n");
   return 2;
 }
