@@ -182,7 +182,8 @@ def test_every_kernel_passes_under_a_shuffled_schedule(sim_driver, tmp_path):
     """The same cases with the threads of each block run in a fresh random order at every round
     between barriers (CUDA_SIM_SCHEDULE): a kernel that relied on the simulation's thread order
     (a read of another lane's shared-memory write with no barrier between) fails here."""
-    results = _run_driver(sim_driver, tmp_path, CASES, env={"CUDA_SIM_SCHEDULE": "shuffle:20261203"})
+    results = _run_driver(sim_driver, tmp_path, CASES,
+                          env={"CUDA_SIM_SCHEDULE": "shuffle:20261203"})
     _assert_all_passed(results, CASES)
 
 

@@ -64,15 +64,15 @@ extern "C" unsigned char __stop_cuda_sim_shared[] __attribute__((weak));   // (n
 
 namespace cuda_sim {
 
-// A fiber starts on its own stack through makecontext / swapcontext (once); after that the
-// switches are _setjmp / _longjmp, which save no signal mask (swapcontext makes two system calls
-// per switch, which dominated the run time).
 // One cp.async of 16 bytes in flight: where it lands and what (read from the source at issue).
 struct AsyncCopy {
   unsigned char* dst;
   unsigned char bytes[16];
 };
 
+// A fiber starts on its own stack through makecontext / swapcontext (once); after that the
+// switches are _setjmp / _longjmp, which save no signal mask (swapcontext makes two system calls
+// per switch, which dominated the run time).
 struct Fiber {
   ucontext_t context;
   jmp_buf resume;
@@ -161,9 +161,11 @@ inline uint32_t schedule_seed() {
   static const uint32_t seed = [] {
     const char* v = std::getenv("CUDA_SIM_SCHEDULE");
     if (v == nullptr || v[0] == '\0') return 0u;
-    const unsigned long n = std::strncmp(v, "shuffle:", 8) == 0 ? std::strtoul(v + 8, nullptr, 10) : 0;
+    const unsigned long n =
+        std::strncmp(v, "shuffle:", 8) == 0 ? std::strtoul(v + 8, nullptr, 10) : 0;
     if (n == 0 || n > 0xffffffffu) {
-      std::fprintf(stderr, "cuda_sim: CUDA_SIM_SCHEDULE=%s: want shuffle:<seed>, seed 1..2^32-1\n", v);
+      std::fprintf(stderr, "cuda_sim: CUDA_SIM_SCHEDULE=%s: want shuffle:<seed>, seed 1..2^32-1\n",
+                   v);
       std::exit(2);
     }
     return static_cast<uint32_t>(n);
@@ -173,7 +175,8 @@ inline uint32_t schedule_seed() {
 
 // Runs kernel() for every block of `grid` with `threads` threads each (1-D blocks), `smem`
 // bytes of dynamic shared memory (NaN-filled bytes: 0xff, so a read of what no thread wrote
-// shows; guarded on both sides, kSmemGuard). Exits with a message on a deadlock (fibers waiting at barriers none can release).
+// shows; guarded on both sides, kSmemGuard). Exits with a message on a deadlock (fibers waiting
+// at barriers none can release).
 inline void launch(dim3 grid, int threads, size_t smem, const std::function<void()>& kernel) {
   constexpr size_t kStack = 256 * 1024;
   static std::vector<std::unique_ptr<char[]>> stacks;  // reused by every block: touched once
@@ -204,10 +207,10 @@ inline void launch(dim3 grid, int threads, size_t smem, const std::function<void
           makecontext(&f.context, reinterpret_cast<void (*)()>(+[] {
                         (*body)();
                         Block& blk = *block();
-                        const Fiber& me = blk.fibers[blk.current];
+                        Fiber& me = blk.fibers[blk.current];
                         if (!me.uncommitted.empty() || !me.groups.empty())
                           fail("thread exited with cp.async copies never waited for");
-                        blk.fibers[blk.current].done = true;
+                        me.done = true;
                         _longjmp(blk.scheduler_resume, 1);  // never returns
                       }), 0);
         }
@@ -248,7 +251,9 @@ inline void launch(dim3 grid, int threads, size_t smem, const std::function<void
       }
 }
 
-inline unsigned char* dynamic_shared_memory() { return block()->dynamic_smem.data() + kSmemGuard; }
+inline unsigned char* dynamic_shared_memory() {
+  return block()->dynamic_smem.data() + kSmemGuard;
+}
 
 // cp.async.cg ... 16, src_bytes: the first src_bytes of `src` read now, the rest zero; the
 // destination poisoned until the copy's group is retired (see the top).

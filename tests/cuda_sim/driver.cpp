@@ -179,11 +179,12 @@ void move_blocks_far(Case& c) {
 int main(int argc, char** argv) {
   if (argc < 3) die("usage: driver CASE_DIR KERNEL...");
   const std::vector<std::string> paths = case_file::case_paths(argv[1]);
+  const char* far = std::getenv("CUDA_SIM_FAR_BLOCKS");
+  const bool move_far = far != nullptr && far[0] == '1';
   int failed = 0, passed = 0;
   for (const auto& path : paths) {
     Case c = case_file::read_case(path);
-    const char* far = std::getenv("CUDA_SIM_FAR_BLOCKS");
-    if (far != nullptr && far[0] == '1') move_blocks_far(c);
+    if (move_far) move_blocks_far(c);
     for (int k = 2; k < argc; ++k) {
       const std::string kernel = argv[k];
       if (kernel != "baseline" && kernel != "pipelined" && kernel != "mma")

@@ -1,4 +1,4 @@
-// sim_selftest.cpp — checks the host simulation itself (cuda_sim.h) on two tiny kernels whose
+// sim_selftest.cpp — checks the host simulation itself (cuda_sim.h) on tiny kernels whose
 // bugs the simulation claims to show, so that tests/test_cuda_host_sim.py knows a pass of the
 // real kernels means something:
 //   race        thread t reads what thread t - 1 wrote to shared memory with no barrier between:
@@ -11,8 +11,9 @@
 //               block 1 reads NaN, as a block's shared memory starts undefined on a GPU
 //
 // Usage: sim_selftest race|async|async_exit|smem_past|smem_fresh
-// Prints one line "<name>: <count> wrong" (race) or "async: ok" and exits 0; exits 1 when the
-// async model misbehaves, 3 on a simulation error (async_exit's expected outcome).
+// Prints one line per check ("race: <count> wrong", "async: ok", "smem_fresh: block 1 read
+// NaN") and exits 0; exits 1 when the async model misbehaves, 3 on a simulation error (the
+// expected outcome of async_exit and smem_past).
 #include "cuda_sim.h"  // first: the CUDA keywords the kernels use
 
 #include <cmath>
