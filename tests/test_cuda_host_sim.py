@@ -19,8 +19,11 @@ when its group is waited for, its destination poisoned until then: a short wait 
 slot rewritten while a lane the schedule has not yet run still reads it;
 test_a_pipeline_wait_one_short_is_caught shows it can), also with the threads run in an order
 shuffled at every barrier (a read of another lane's write with no barrier between fails;
-tests/cuda_sim/sim_selftest.cpp checks both models on tiny kernels), and the 64-bit cache offsets
-(blocks moved past element 2^31 of the caches). What it
+tests/cuda_sim/sim_selftest.cpp checks both models on tiny kernels), the 64-bit cache offsets
+(blocks moved past element 2^31 of the caches), and data races: built with ThreadSanitizer, the
+simulation reports two threads' conflicting accesses to one byte that no __syncthreads (or, in
+a warp, __syncwarp) orders, whatever order it ran them in (every case; a barrier made to order
+nothing is reported in every kernel). What it
 cannot: the rest of the hardware (memory is sequentially consistent; mma.sync is the
 documentation's reading), speed, and the shapes outside kSimDims / kSimTiles of
 the driver (head sizes 64-128, head tiles 1, 4, 8). tests/test_cuda_kernels.py does those on a
@@ -89,7 +92,7 @@ def _cuda_include_dir():
     return next((d for d in candidates if os.path.isfile(os.path.join(d, "cuda_fp16.h"))), None)
 
 
-def _build(tmp, driver, *defines):
+def _build(tmp, driver, *defines, extra_flags=()):
     """tests/cuda_sim/<driver>.cpp built over the simulation; skips without CUDA headers."""
     cuda_include = _cuda_include_dir()
     if cuda_include is None:
@@ -97,7 +100,7 @@ def _build(tmp, driver, *defines):
                     "/usr/local/cuda/include or next to nvcc: the kernels need them to compile")
     source = open(os.path.join(host_cpp.TESTS, "cuda_sim", driver + ".cpp")).read()
     flags = ("-O1", "-U_FORTIFY_SOURCE", "-DPAGED_ATTN_CUDA_HOST_SIM",
-             *(f"-D{d}" for d in defines))
+             *(f"-D{d}" for d in defines), *extra_flags)
     return host_cpp.build(tmp, driver, source, flags=flags,
                           includes=(host_cpp.TESTS, os.path.join(host_cpp.TESTS, "cuda_sim"),
                                     cuda_include))
@@ -110,6 +113,8 @@ def _run_driver(exe, tmp, cases, kernels=KERNELS, env=None):
     run = subprocess.run([exe, str(case_dir), *kernels], capture_output=True, text=True,
                          timeout=1800, env=None if env is None else {**os.environ, **env})
     print(run.stdout[-20000:], run.stderr[-4000:])  # shown on failure
+    race = run.stderr.find("WARNING: ThreadSanitizer")
+    assert race < 0, f"a data race (rc {run.returncode}):\n{run.stderr[race:race + 6000]}"
     assert run.returncode in (0, 1), f"simulation error (rc {run.returncode}): {run.stderr}"
     return {(m[2], m[3], m[4]): (m[1].strip(), m[5].strip()) for m in LINE.finditer(run.stdout)}
 
@@ -243,6 +248,123 @@ def test_the_simulation_catches_a_write_past_dynamic_shared_memory(sim_selftest)
     past = sim_selftest("smem_past")
     assert past.returncode == 3, past
     assert "a write outside the block's dynamic shared memory" in past.stderr, past
+
+
+# ---- data races: the simulation built with ThreadSanitizer (cuda_sim.h's `race` model) ----
+
+RACE_FLAGS = ("-fsanitize=thread", "-g")
+TSAN_ENV = {"TSAN_OPTIONS": "exitcode=66"}  # a report makes the exit status 66
+# every kernel choice and mode on: MHA f32 with odd lengths (v2 over 4 partitions), GQA 4 bf16
+# (tensor cores), fp8 GQA 8, NHD GQA 8, the combined token-major layout with block size 5, fp8
+# blocksparse
+RACE_CASES = [CASES[i] for i in (0, 1, 8, 15, 17, 22)]
+
+
+def _race_checked_build(tmp, driver):
+    """_build with ThreadSanitizer; skips where the compiler cannot build or run with it (no
+    libtsan), unless CUDA_SIM_REQUIRE_TSAN=1 (CI) makes that a failure."""
+    probe = tmp / "tsan_probe"
+    probe.mkdir()
+    cxx = host_cpp.compiler()
+    built = cxx is not None and subprocess.run(
+        [cxx, *RACE_FLAGS, "-x", "c++", "-", "-o", str(probe / "a.out")],
+        input="int main() { return 0; }", capture_output=True, text=True).returncode == 0
+    runs = built and subprocess.run([str(probe / "a.out")], capture_output=True).returncode == 0
+    if not runs:
+        why = f"{cxx or 'no C++ compiler'} cannot build and run a -fsanitize=thread program"
+        if os.environ.get("CUDA_SIM_REQUIRE_TSAN") == "1":
+            pytest.fail(why + " (CUDA_SIM_REQUIRE_TSAN=1)")
+        pytest.skip(why)
+    return _build(tmp, driver, extra_flags=RACE_FLAGS)
+
+
+@pytest.fixture(scope="module")
+def race_selftest(tmp_path_factory):
+    exe = _race_checked_build(tmp_path_factory.mktemp("cuda_sim_race_selftest"), "sim_selftest")
+
+    def run(what, env=None):
+        return subprocess.run([exe, what], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, **TSAN_ENV, **(env or {})})
+    return run
+
+
+@pytest.mark.parametrize("what", ["race", "shuffle", "cross_warp"])
+def test_the_race_model_reports_accesses_no_barrier_orders(race_selftest, what):
+    """A read of another thread's shared-memory write with no barrier between (race), with only
+    a shuffle between (a shuffle is no memory fence), or across warps with only __syncwarp
+    between: ThreadSanitizer reports it, whatever order the simulation ran the threads in (in
+    thread order, `race` and `shuffle` even read the right values)."""
+    ran = race_selftest(what)
+    assert ran.returncode == 66, ran
+    assert "WARNING: ThreadSanitizer: data race" in ran.stderr, ran.stderr
+    assert "neighbour_read" in ran.stderr and "::smem" in ran.stderr, ran.stderr  # the array
+
+
+@pytest.mark.parametrize("what", ["barrier", "warp_fence", "async", "smem_fresh"])
+def test_the_race_model_accepts_what_barriers_order(race_selftest, what):
+    """The same reads after __syncthreads, within a warp after __syncwarp, a cp.async read
+    after its wait by the thread that issued it, and blocks reusing shared memory: no report."""
+    ran = race_selftest(what)
+    assert ran.returncode == 0 and "ThreadSanitizer" not in ran.stderr, ran
+    assert ran.stdout.strip() in (f"{what}: 0 wrong", "async: ok",
+                                  "smem_fresh: block 1 read NaN"), ran.stdout
+
+
+@pytest.mark.parametrize("what, barrier", [("barrier", "syncthreads"), ("warp_fence", "syncwarp")])
+def test_an_unordered_barrier_is_a_reported_race(race_selftest, what, barrier):
+    """CUDA_SIM_UNORDERED=<barrier> (the kernels' check below): the barrier still parks the
+    threads, so the values are right, but orders nothing, so the same reads are races; a value
+    it does not know is a usage error."""
+    ran = race_selftest(what, {"CUDA_SIM_UNORDERED": barrier})
+    assert ran.stdout.strip() == f"{what}: 0 wrong", ran
+    assert ran.returncode == 66 and "WARNING: ThreadSanitizer: data race" in ran.stderr, ran
+    bad = race_selftest(what, {"CUDA_SIM_UNORDERED": "fence"})
+    assert bad.returncode == 2 and "want syncwarp or syncthreads" in bad.stderr, bad
+
+
+@pytest.fixture(scope="module")
+def race_driver(tmp_path_factory):
+    """The driver built with ThreadSanitizer (a compile of about a minute)."""
+    return _race_checked_build(tmp_path_factory.mktemp("cuda_sim_race_build"), "driver")
+
+
+def test_no_data_race_in_any_kernel(race_driver, tmp_path):
+    """Every kernel choice and mode on RACE_CASES with the simulation built with ThreadSanitizer:
+    no two threads of a block touch the same byte (one of them writing) without a __syncthreads
+    or, within a warp, a __syncwarp between, and every answer matches the oracle (about 7x the
+    plain simulation's time, hence a subset here and the rest @slow)."""
+    _assert_all_passed(_run_driver(race_driver, tmp_path, RACE_CASES, env=TSAN_ENV), RACE_CASES)
+
+
+@pytest.mark.slow
+def test_no_data_race_in_any_kernel_on_the_other_cases(race_driver, tmp_path):
+    others = [c for c in CASES if c not in RACE_CASES]
+    _assert_all_passed(_run_driver(race_driver, tmp_path, others, env=TSAN_ENV), others)
+
+
+# the file whose code a missing barrier makes race, per kernel choice
+KERNEL_SOURCE = {"baseline": "csrc/cuda/attention_kernel.cuh",
+                 "pipelined": "csrc/cuda/attention_kernel_pipelined.cuh",
+                 "mma": "csrc/cuda/attention_kernel_pipelined.cuh"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("barrier", ["syncwarp", "syncthreads"])
+def test_a_barrier_that_orders_nothing_is_reported(race_driver, tmp_path, barrier):
+    """What makes the race-free run above mean something: with CUDA_SIM_UNORDERED every
+    __syncwarp (or __syncthreads) of the kernels still parks the threads, so every answer stays
+    right, but orders no memory, as if it were missing on a GPU; ThreadSanitizer then reports a
+    race in each kernel choice's own code."""
+    case = [CASES[15]]  # NHD, GQA 8, bf16: all three kernels, v2 / v1 / split
+    for kernel in KERNELS:
+        cross.write_cases(str(tmp_path / kernel), case)
+        run = subprocess.run([race_driver, str(tmp_path / kernel), kernel], capture_output=True,
+                             text=True, timeout=600,
+                             env={**os.environ, **TSAN_ENV, "CUDA_SIM_UNORDERED": barrier})
+        assert "0 failed" in run.stdout and "FAIL" not in run.stdout, run.stdout  # same values
+        assert run.returncode == 66, (kernel, run.returncode, run.stderr[-3000:])
+        races = re.findall(r"^SUMMARY: ThreadSanitizer: data race (\S+):\d+", run.stderr, re.M)
+        assert any(f.endswith(KERNEL_SOURCE[kernel]) for f in races), (kernel, races)
 
 
 # Every head size and GQA tile the CUDA build compiles (the driver built with every shape: a

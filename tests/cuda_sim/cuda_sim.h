@@ -17,6 +17,16 @@
 // short wait), a read of a slot's previous contents after some lane issued a copy into it (a
 // missing barrier before the reuse) and a copy never waited for before the thread exits all show.
 //
+// Built with -fsanitize=thread, the simulation is also a race check: it tells ThreadSanitizer
+// what orders what on a GPU (the `race` namespace below): each simulated thread is a
+// TSan fiber, switched to with no implied ordering; __syncthreads and __syncwarp order their
+// members' memory accesses (a release on arrival, an acquire on leaving); shuffles, mma.sync and
+// ldmatrix exchange values but order nothing (no memory fence on the hardware either); a block
+// starts after everything the host did before the launch and the host continues after every
+// thread of every block. TSan then reports two threads' conflicting accesses to the same byte
+// with no barrier between, in whatever order the schedule happened to run them: the race a
+// shuffled schedule shows only when it draws the wrong order.
+//
 // Include this before any kernel header, with PAGED_ATTN_CUDA_HOST_SIM defined (the kernels'
 // two hooks: dynamic shared memory and mma.sync / ldmatrix).
 #pragma once
@@ -42,6 +52,46 @@
 #include <vector_types.h>
 
 #include "mma_layout.h"
+
+#if defined(__SANITIZE_THREAD__)  // GCC's -fsanitize=thread (the simulation is built by GCC)
+#include <sanitizer/tsan_interface.h>
+extern "C" void AnnotateIgnoreReadsBegin(const char* file, int line);  // TSan's runtime: stop /
+extern "C" void AnnotateIgnoreReadsEnd(const char* file, int line);    // resume recording accesses
+#endif
+
+// What ThreadSanitizer is told (see the top); empty functions in a build without it.
+namespace cuda_sim::race {
+#if defined(__SANITIZE_THREAD__)
+inline void* new_fiber() { return __tsan_create_fiber(0); }
+// What its reports call a fiber: the simulated thread and its block.
+inline void name_fiber(void* fiber, unsigned x, unsigned y, unsigned z, int thread) {
+  char name[64];
+  std::snprintf(name, sizeof name, "block (%u,%u,%u) thread %d", x, y, z, thread);
+  __tsan_set_fiber_name(fiber, name);
+}
+inline void* host_fiber() { return __tsan_get_current_fiber(); }
+// Right before switching stacks to `fiber`; `ordered`: everything so far happens before it.
+// Not instrumented: TSan would count its entry on one fiber and its exit on the other.
+__attribute__((no_sanitize("thread"))) inline void switch_to(void* fiber, bool ordered) {
+  __tsan_switch_to_fiber(fiber, ordered ? 0 : __tsan_switch_to_fiber_no_sync);
+}
+inline void release(const void* sync) { __tsan_release(const_cast<void*>(sync)); }
+inline void acquire(const void* sync) { __tsan_acquire(const_cast<void*>(sync)); }
+// The simulation's own bookkeeping (barrier counts, values published for a shuffle) is shared
+// by the fibers without the ordering TSan would need: not recorded between these two.
+inline void unchecked_begin() { AnnotateIgnoreReadsBegin(__FILE__, __LINE__); }
+inline void unchecked_end() { AnnotateIgnoreReadsEnd(__FILE__, __LINE__); }
+#else
+inline void* new_fiber() { return nullptr; }
+inline void name_fiber(void*, unsigned, unsigned, unsigned, int) {}
+inline void* host_fiber() { return nullptr; }
+inline void switch_to(void*, bool) {}
+inline void release(const void*) {}
+inline void acquire(const void*) {}
+inline void unchecked_begin() {}
+inline void unchecked_end() {}
+#endif
+}  // namespace cuda_sim::race
 
 // ---- CUDA keywords and intrinsics as host C++ (after the CUDA headers, which define some) ----
 #undef __global__
@@ -76,6 +126,7 @@ struct AsyncCopy {
 struct Fiber {
   ucontext_t context;
   jmp_buf resume;
+  void* race_fiber = nullptr;  // its ThreadSanitizer fiber (race::new_fiber)
   bool started = false;
   bool done = false;
   uint64_t waiting_for = 0;  // the barrier generation this fiber waits to pass; 0: runnable
@@ -96,6 +147,12 @@ struct Block {
   std::vector<uint64_t> generation; // per barrier: passed generations + 1
   std::vector<uint64_t> slots;      // per thread: the value published for an exchange
   std::vector<unsigned char> dynamic_smem;  // kSmemGuard bytes, the block's, kSmemGuard bytes
+  // race:: sync objects (only their addresses matter): per barrier, one per generation parity
+  // (a fast thread's arrival at the next generation must not order a slow one's leaving of
+  // this one); and the one every thread releases when it exits
+  std::vector<char> barrier_sync;
+  char exit_sync = 0;
+  void* host_race_fiber = nullptr;
   ucontext_t scheduler;
   jmp_buf scheduler_resume;
   int current = 0;
@@ -117,23 +174,53 @@ constexpr int kWarp = 32;
 
 inline int thread_rank() { return block()->current; }
 
-// Parks the current fiber at barrier `id` until `members` fibers arrived there.
-inline void barrier(int id, int members) {
+// Parks the current fiber at barrier `id` until `members` fibers arrived there. A barrier that
+// `orders` memory (__syncthreads, __syncwarp) tells the race model so; the simulation's internal
+// ones (shuffles, mma.sync, ldmatrix) do not.
+inline void barrier(int id, int members, bool orders = true) {
   Block& b = *block();
+  race::unchecked_begin();
   Fiber& me = b.fibers[b.current];
   const uint64_t gen = b.generation[id];
-  if (++b.arrived[id] == members) {  // the last one releases everyone
+  const void* sync = &b.barrier_sync[2 * id + gen % 2];
+  const bool last = ++b.arrived[id] == members;
+  if (last) {  // the last one releases everyone
     b.arrived[id] = 0;
     ++b.generation[id];
-    return;
+  } else {
+    me.waiting_for = gen + 1;
+    me.barrier = id;
   }
-  me.waiting_for = gen + 1;
-  me.barrier = id;
-  if (_setjmp(me.resume) == 0) _longjmp(b.scheduler_resume, 1);  // back here once released
+  race::unchecked_end();
+  if (orders) race::release(sync);
+  if (!last && _setjmp(me.resume) == 0) {  // back here once released
+    race::switch_to(b.host_race_fiber, false);
+    _longjmp(b.scheduler_resume, 1);
+  }
+  if (orders) race::acquire(sync);
 }
 
-inline void sync_warp() { barrier(thread_rank() / kWarp, kWarp); }
-inline void sync_block() { barrier(block()->warps, block()->threads); }
+// The tests' check that the race model sees the kernels' barriers: CUDA_SIM_UNORDERED=syncwarp
+// (or syncthreads) makes every __syncwarp (__syncthreads, __syncthreads_or) still park its
+// threads as before (the same values) but order nothing, as if it were missing on a GPU.
+inline bool barriers_order(const char* which) {
+  static const char* const unordered = [] {
+    const char* v = std::getenv("CUDA_SIM_UNORDERED");
+    if (v != nullptr && v[0] == '\0') return static_cast<const char*>(nullptr);
+    if (v != nullptr && std::strcmp(v, "syncwarp") != 0 && std::strcmp(v, "syncthreads") != 0) {
+      std::fprintf(stderr, "cuda_sim: CUDA_SIM_UNORDERED=%s: want syncwarp or syncthreads\n", v);
+      std::fflush(nullptr);
+      std::_Exit(2);  // first read in a thread: not exit() (see fail())
+    }
+    return v;
+  }();
+  return unordered == nullptr || std::strcmp(unordered, which) != 0;
+}
+
+inline void sync_warp(bool orders = true) { barrier(thread_rank() / kWarp, kWarp, orders); }
+inline void sync_block() {
+  barrier(block()->warps, block()->threads, barriers_order("syncthreads"));
+}
 
 template <typename T>
 T exchange(T mine, int src_thread) {
@@ -141,11 +228,15 @@ T exchange(T mine, int src_thread) {
   Block& b = *block();
   uint64_t slot = 0;
   std::memcpy(&slot, &mine, sizeof(T));
+  race::unchecked_begin();
   b.slots[thread_rank()] = slot;
-  sync_warp();
+  race::unchecked_end();
+  sync_warp(false);
   T other;
+  race::unchecked_begin();
   std::memcpy(&other, &b.slots[src_thread], sizeof(T));
-  sync_warp();
+  race::unchecked_end();
+  sync_warp(false);
   return other;
 }
 
@@ -173,6 +264,26 @@ inline uint32_t schedule_seed() {
   return seed;
 }
 
+inline const std::function<void()>*& kernel_body() {  // the kernel launch() runs
+  static const std::function<void()>* kernel = nullptr;
+  return kernel;
+}
+
+// A simulated thread's whole life: the kernel, then back to the scheduler for good. Its frame is
+// never returned from (the way back is a _longjmp), so ThreadSanitizer must not count its entry:
+// not instrumented (which also leaves its reads of the scheduler's state unrecorded).
+__attribute__((no_sanitize("thread"))) inline void thread_main() {
+  (*kernel_body())();
+  Block& b = *block();
+  Fiber& me = b.fibers[b.current];
+  if (!me.uncommitted.empty() || !me.groups.empty())
+    fail("thread exited with cp.async copies never waited for");
+  me.done = true;
+  race::release(&b.exit_sync);  // after this thread's last access
+  race::switch_to(b.host_race_fiber, false);
+  _longjmp(b.scheduler_resume, 1);
+}
+
 // Runs kernel() for every block of `grid` with `threads` threads each (1-D blocks), `smem`
 // bytes of dynamic shared memory (NaN-filled bytes: 0xff, so a read of what no thread wrote
 // shows; guarded on both sides, kSmemGuard). Exits with a message on a deadlock (fibers waiting
@@ -180,7 +291,10 @@ inline uint32_t schedule_seed() {
 inline void launch(dim3 grid, int threads, size_t smem, const std::function<void()>& kernel) {
   constexpr size_t kStack = 256 * 1024;
   static std::vector<std::unique_ptr<char[]>> stacks;  // reused by every block: touched once
+  static std::vector<void*> race_fibers;               // reused too: each is costly to make
   while (stacks.size() < static_cast<size_t>(threads)) stacks.emplace_back(new char[kStack]);
+  while (race_fibers.size() < static_cast<size_t>(threads))
+    race_fibers.push_back(race::new_fiber());
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) {
@@ -192,27 +306,22 @@ inline void launch(dim3 grid, int threads, size_t smem, const std::function<void
         b.generation.assign(b.warps + 1, 1);
         b.slots.assign(threads, 0);
         b.dynamic_smem.assign(smem + 2 * kSmemGuard, 0xff);
+        b.barrier_sync.assign(2 * (b.warps + 1), 0);
+        b.host_race_fiber = race::host_fiber();
         if (__start_cuda_sim_shared != nullptr)
           std::memset(__start_cuda_sim_shared, 0xff,
                       static_cast<size_t>(__stop_cuda_sim_shared - __start_cuda_sim_shared));
         block() = &b;
-        static const std::function<void()>* body = nullptr;
-        body = &kernel;
+        kernel_body() = &kernel;
         for (int t = 0; t < threads; ++t) {
           Fiber& f = b.fibers[t];
           getcontext(&f.context);
           f.context.uc_stack.ss_sp = stacks[t].get();
           f.context.uc_stack.ss_size = kStack;
           f.context.uc_link = &b.scheduler;
-          makecontext(&f.context, reinterpret_cast<void (*)()>(+[] {
-                        (*body)();
-                        Block& blk = *block();
-                        Fiber& me = blk.fibers[blk.current];
-                        if (!me.uncommitted.empty() || !me.groups.empty())
-                          fail("thread exited with cp.async copies never waited for");
-                        me.done = true;
-                        _longjmp(blk.scheduler_resume, 1);  // never returns
-                      }), 0);
+          f.race_fiber = race_fibers[t];
+          race::name_fiber(f.race_fiber, x, y, z, t);
+          makecontext(&f.context, thread_main, 0);
         }
         blockIdx = dim3(x, y, z);
         blockDim = dim3(threads, 1, 1);
@@ -220,6 +329,7 @@ inline void launch(dim3 grid, int threads, size_t smem, const std::function<void
         std::vector<int> order(threads);
         std::iota(order.begin(), order.end(), 0);
         std::mt19937 shuffle(schedule_seed() ^ (x + 7919u * (y + 7919u * z)));
+        race::unchecked_begin();  // the scheduler reads the fibers' state, orders nothing
         for (;;) {
           bool all_done = true, progressed = false;
           if (schedule_seed() != 0) std::shuffle(order.begin(), order.end(), shuffle);
@@ -233,6 +343,9 @@ inline void launch(dim3 grid, int threads, size_t smem, const std::function<void
             threadIdx = dim3(t, 0, 0);
             progressed = true;
             if (_setjmp(b.scheduler_resume) == 0) {
+              // a thread starts after what the host did before the launch (the scheduler
+              // itself acquires nothing from the threads until they all exited)
+              race::switch_to(f.race_fiber, !f.started);
               if (!f.started) {
                 f.started = true;
                 swapcontext(&b.scheduler, &f.context);
@@ -244,6 +357,8 @@ inline void launch(dim3 grid, int threads, size_t smem, const std::function<void
           if (all_done) break;
           if (!progressed) fail("deadlock: every live thread waits at a barrier");
         }
+        race::unchecked_end();
+        race::acquire(&b.exit_sync);  // the host goes on after every thread of the block
         for (size_t i = 0; i < kSmemGuard; ++i)
           if (b.dynamic_smem[i] != 0xff || b.dynamic_smem[kSmemGuard + smem + i] != 0xff)
             fail("a write outside the block's dynamic shared memory");
@@ -303,11 +418,16 @@ void mma(bool bf16, float c[4], const uint32_t* a, const uint32_t* b) {
   static uint32_t all_a[kWarp * 4][kK / 4], all_b[kWarp * 4][kK / 8];  // per thread of the block
   const int rank = thread_rank(), lane = rank % kWarp, warp0 = rank - lane;
   if (rank >= kWarp * 4) fail("mma.sync in a block of more than 128 threads");
+  race::unchecked_begin();  // registers, published through the simulation's memory
   std::memcpy(all_a[rank], a, sizeof(all_a[0]));
   std::memcpy(all_b[rank], b, sizeof(all_b[0]));
-  sync_warp();
-  mma_layout::mma<kK>(all_a + warp0, all_b + warp0, lane, c, bf16 ? mma_layout::decode_bf16 : mma_layout::decode_f16);
-  sync_warp();
+  race::unchecked_end();
+  sync_warp(false);
+  race::unchecked_begin();
+  mma_layout::mma<kK>(all_a + warp0, all_b + warp0, lane, c,
+                      bf16 ? mma_layout::decode_bf16 : mma_layout::decode_f16);
+  race::unchecked_end();
+  sync_warp(false);
 }
 
 // ldmatrix .x4 on the host: every lane publishes its row address (16-byte aligned), then takes
@@ -317,22 +437,34 @@ inline void ldmatrix_x4(bool trans, uint32_t r[4], const void* row) {
   const int rank = thread_rank(), lane = rank % kWarp, warp0 = rank - lane;
   if (rank >= kWarp * 4) fail("ldmatrix in a block of more than 128 threads");
   if (reinterpret_cast<uintptr_t>(row) % 16 != 0) fail("ldmatrix row address not 16-byte aligned");
+  race::unchecked_begin();  // the row addresses are registers: unchecked; the rows are not
   rows[rank] = row;
-  sync_warp();
-  for (int j = 0; j < 4; ++j) r[j] = mma_layout::ldmatrix_register(rows + warp0 + 8 * j, lane, trans);
-  sync_warp();
+  race::unchecked_end();
+  sync_warp(false);
+  const void* warp_rows[kWarp];
+  race::unchecked_begin();
+  std::memcpy(warp_rows, rows + warp0, sizeof warp_rows);
+  race::unchecked_end();
+  for (int j = 0; j < 4; ++j) r[j] = mma_layout::ldmatrix_register(warp_rows + 8 * j, lane, trans);
+  sync_warp(false);
 }
 
 }  // namespace cuda_sim
 
 inline void __syncthreads() { cuda_sim::sync_block(); }
-inline void __syncwarp(unsigned = 0xffffffffu) { cuda_sim::sync_warp(); }
+inline void __syncwarp(unsigned = 0xffffffffu) {
+  cuda_sim::sync_warp(cuda_sim::barriers_order("syncwarp"));
+}
 inline int __syncthreads_or(int predicate) {
   cuda_sim::Block& b = *cuda_sim::block();
+  cuda_sim::race::unchecked_begin();
   b.slots[cuda_sim::thread_rank()] = predicate != 0;
+  cuda_sim::race::unchecked_end();
   cuda_sim::sync_block();
   int any = 0;
+  cuda_sim::race::unchecked_begin();
   for (int t = 0; t < b.threads; ++t) any |= static_cast<int>(b.slots[t]);
+  cuda_sim::race::unchecked_end();
   cuda_sim::sync_block();
   return any;
 }
