@@ -473,8 +473,11 @@ def _read_back(path, like):
     return raw.as_strided(like.shape, like.stride(), 0)
 
 
-def test_cache_writes_match_the_oracle_in_simulation(tmp_path):
-    exe = _build(tmp_path, "cache_driver")
+@pytest.mark.parametrize("race_checked", [False, True], ids=["plain", "race_checked"])
+def test_cache_writes_match_the_oracle_in_simulation(tmp_path, race_checked):
+    """Race-checked: built with ThreadSanitizer (cuda_sim.h's race model), where no two threads
+    may write one cache byte."""
+    exe = (_race_checked_build if race_checked else _build)(tmp_path, "cache_driver")
     cases = []
     for i, (dtype, kv, layout) in enumerate(CACHE_CASES):
         args, want = _cache_case(i, dtype, kv, layout)
@@ -482,8 +485,8 @@ def test_cache_writes_match_the_oracle_in_simulation(tmp_path):
         _write_cache_case(path, *args)
         cases.append((path, args, want))
     run = subprocess.run([exe, *(c[0] for c in cases)], capture_output=True, text=True,
-                         timeout=600)
-    assert run.returncode == 0, run.stdout + run.stderr
+                         timeout=600, env={**os.environ, **TSAN_ENV})
+    assert run.returncode == 0 and "ThreadSanitizer" not in run.stderr, run.stdout + run.stderr
     for path, args, (want_k, want_v) in cases:
         for suffix, want in ((".k.out", want_k), (".v.out", want_v)):
             got = _read_back(path + suffix, want)
