@@ -25,7 +25,9 @@
 // starts after everything the host did before the launch and the host continues after every
 // thread of every block. TSan then reports two threads' conflicting accesses to the same byte
 // with no barrier between, in whatever order the schedule happened to run them: the race a
-// shuffled schedule shows only when it draws the wrong order.
+// shuffled schedule shows only when it draws the wrong order. Within a block only: the blocks of
+// a launch run one after another, each after the host saw the last one finish, so two blocks
+// writing one byte are not reported.
 //
 // Include this before any kernel header, with PAGED_ATTN_CUDA_HOST_SIM defined (the kernels'
 // two hooks: dynamic shared memory and mma.sync / ldmatrix).
