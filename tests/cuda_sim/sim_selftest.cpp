@@ -65,6 +65,7 @@ void shuffle() { (void)__shfl_xor_sync(0xffffffffu, static_cast<int>(threadIdx.x
 int previous_thread(int t) { return t - 1; }
 int same_warp_neighbour(int t) { return t ^ 1; }
 int other_warp(int t) { return (t + 32) % 64; }
+
 int async_copy() {
   alignas(16) static unsigned char source[16], stage[32];
   static bool ok = true;
