@@ -30,11 +30,13 @@ the driver (head sizes 64-128, head tiles 1, 4, 8). tests/test_cuda_kernels.py d
 GPU.
 """
 
+import functools
 import os
 import re
 import shutil
 import struct
 import subprocess
+import tempfile
 
 import pytest
 import torch
@@ -260,18 +262,26 @@ TSAN_ENV = {"TSAN_OPTIONS": "exitcode=66"}  # a report makes the exit status 66
 RACE_CASES = [CASES[i] for i in (0, 1, 8, 15, 17, 22)]
 
 
+@functools.lru_cache(maxsize=None)
+def _tsan_missing():
+    """Why the C++ compiler cannot build and run a -fsanitize=thread program (no libtsan), or
+    None when it can: probed once per session."""
+    cxx = host_cpp.compiler()
+    with tempfile.TemporaryDirectory() as probe:
+        exe = os.path.join(probe, "a.out")
+        built = cxx is not None and subprocess.run(
+            [cxx, *RACE_FLAGS, "-x", "c++", "-", "-o", exe],
+            input="int main() { return 0; }", capture_output=True, text=True).returncode == 0
+        if built and subprocess.run([exe], capture_output=True).returncode == 0:
+            return None
+    return f"{cxx or 'no C++ compiler'} cannot build and run a -fsanitize=thread program"
+
+
 def _race_checked_build(tmp, driver):
     """_build with ThreadSanitizer; skips where the compiler cannot build or run with it (no
     libtsan), unless CUDA_SIM_REQUIRE_TSAN=1 (CI) makes that a failure."""
-    probe = tmp / "tsan_probe"
-    probe.mkdir()
-    cxx = host_cpp.compiler()
-    built = cxx is not None and subprocess.run(
-        [cxx, *RACE_FLAGS, "-x", "c++", "-", "-o", str(probe / "a.out")],
-        input="int main() { return 0; }", capture_output=True, text=True).returncode == 0
-    runs = built and subprocess.run([str(probe / "a.out")], capture_output=True).returncode == 0
-    if not runs:
-        why = f"{cxx or 'no C++ compiler'} cannot build and run a -fsanitize=thread program"
+    why = _tsan_missing()
+    if why is not None:
         if os.environ.get("CUDA_SIM_REQUIRE_TSAN") == "1":
             pytest.fail(why + " (CUDA_SIM_REQUIRE_TSAN=1)")
         pytest.skip(why)
@@ -355,10 +365,10 @@ def test_a_barrier_that_orders_nothing_is_reported(race_driver, tmp_path, barrie
     __syncwarp (or __syncthreads) of the kernels still parks the threads, so every answer stays
     right, but orders no memory, as if it were missing on a GPU; ThreadSanitizer then reports a
     race in each kernel choice's own code."""
-    case = [CASES[15]]  # NHD, GQA 8, bf16: all three kernels, v2 / v1 / split
+    case_dir = str(tmp_path / "case")
+    cross.write_cases(case_dir, [CASES[15]])  # NHD, GQA 8, bf16: every kernel, v2 / v1 / split
     for kernel in KERNELS:
-        cross.write_cases(str(tmp_path / kernel), case)
-        run = subprocess.run([race_driver, str(tmp_path / kernel), kernel], capture_output=True,
+        run = subprocess.run([race_driver, case_dir, kernel], capture_output=True,
                              text=True, timeout=600,
                              env={**os.environ, **TSAN_ENV, "CUDA_SIM_UNORDERED": barrier})
         assert "0 failed" in run.stdout and "FAIL" not in run.stdout, run.stdout  # same values

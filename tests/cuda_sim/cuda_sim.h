@@ -128,7 +128,6 @@ struct AsyncCopy {
 struct Fiber {
   ucontext_t context;
   jmp_buf resume;
-  void* race_fiber = nullptr;  // its ThreadSanitizer fiber (race::new_fiber)
   bool started = false;
   bool done = false;
   uint64_t waiting_for = 0;  // the barrier generation this fiber waits to pass; 0: runnable
@@ -205,23 +204,23 @@ inline void barrier(int id, int members, bool orders = true) {
 // The tests' check that the race model sees the kernels' barriers: CUDA_SIM_UNORDERED=syncwarp
 // (or syncthreads) makes every __syncwarp (__syncthreads, __syncthreads_or) still park its
 // threads as before (the same values) but order nothing, as if it were missing on a GPU.
-inline bool barriers_order(const char* which) {
-  static const char* const unordered = [] {
+enum class Barrier { kSyncwarp, kSyncthreads };
+inline bool barriers_order(Barrier which) {
+  static const int unordered = [] {  // the Barrier named by CUDA_SIM_UNORDERED, or -1
     const char* v = std::getenv("CUDA_SIM_UNORDERED");
-    if (v != nullptr && v[0] == '\0') return static_cast<const char*>(nullptr);
-    if (v != nullptr && std::strcmp(v, "syncwarp") != 0 && std::strcmp(v, "syncthreads") != 0) {
-      std::fprintf(stderr, "cuda_sim: CUDA_SIM_UNORDERED=%s: want syncwarp or syncthreads\n", v);
-      std::fflush(nullptr);
-      std::_Exit(2);  // first read in a thread: not exit() (see fail())
-    }
-    return v;
+    if (v == nullptr || v[0] == '\0') return -1;
+    if (std::strcmp(v, "syncwarp") == 0) return static_cast<int>(Barrier::kSyncwarp);
+    if (std::strcmp(v, "syncthreads") == 0) return static_cast<int>(Barrier::kSyncthreads);
+    std::fprintf(stderr, "cuda_sim: CUDA_SIM_UNORDERED=%s: want syncwarp or syncthreads\n", v);
+    std::fflush(nullptr);
+    std::_Exit(2);  // first read in a thread: not exit() (see fail())
   }();
-  return unordered == nullptr || std::strcmp(unordered, which) != 0;
+  return unordered != static_cast<int>(which);
 }
 
 inline void sync_warp(bool orders = true) { barrier(thread_rank() / kWarp, kWarp, orders); }
 inline void sync_block() {
-  barrier(block()->warps, block()->threads, barriers_order("syncthreads"));
+  barrier(block()->warps, block()->threads, barriers_order(Barrier::kSyncthreads));
 }
 
 template <typename T>
@@ -321,8 +320,7 @@ inline void launch(dim3 grid, int threads, size_t smem, const std::function<void
           f.context.uc_stack.ss_sp = stacks[t].get();
           f.context.uc_stack.ss_size = kStack;
           f.context.uc_link = &b.scheduler;
-          f.race_fiber = race_fibers[t];
-          race::name_fiber(f.race_fiber, x, y, z, t);
+          race::name_fiber(race_fibers[t], x, y, z, t);
           makecontext(&f.context, thread_main, 0);
         }
         blockIdx = dim3(x, y, z);
@@ -347,7 +345,7 @@ inline void launch(dim3 grid, int threads, size_t smem, const std::function<void
             if (_setjmp(b.scheduler_resume) == 0) {
               // a thread starts after what the host did before the launch (the scheduler
               // itself acquires nothing from the threads until they all exited)
-              race::switch_to(f.race_fiber, !f.started);
+              race::switch_to(race_fibers[t], !f.started);
               if (!f.started) {
                 f.started = true;
                 swapcontext(&b.scheduler, &f.context);
@@ -455,7 +453,7 @@ inline void ldmatrix_x4(bool trans, uint32_t r[4], const void* row) {
 
 inline void __syncthreads() { cuda_sim::sync_block(); }
 inline void __syncwarp(unsigned = 0xffffffffu) {
-  cuda_sim::sync_warp(cuda_sim::barriers_order("syncwarp"));
+  cuda_sim::sync_warp(cuda_sim::barriers_order(cuda_sim::Barrier::kSyncwarp));
 }
 inline int __syncthreads_or(int predicate) {
   cuda_sim::Block& b = *cuda_sim::block();
