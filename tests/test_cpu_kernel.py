@@ -149,108 +149,32 @@ def test_fp8_nan_byte_in_an_attended_slot_reaches_the_output(kernel, kv, which):
 
 
 # ---- every fp8 byte through each variant's own vector decode ----
-# The random caches above hold fp8(N(0, 1) / scale): the bytes of a few octaves around the
-# scale, never the largest values (a vector decode turning +-448 into NaN passed every test
-# above) nor e5m2's infinities. Here all 256 bytes of each format go through K and through V, in
-# vLLM's layout (v1) and token-major (decode), with queries that make each byte's decoded value
-# reach an output on its own.
-# GQA 16 (4 KV heads, 64 query heads), head 64, one full block of 16 tokens per sequence.
-FP8_BS, FP8_KVH, FP8_HEADS, FP8_D = 16, 4, 64, 64
+
+FP8_PARAMS = [(kv, side, layout) for kv in ("fp8_e4m3", "fp8_e5m2")
+              for side in testing.EVERY_BYTE_SIDES for layout in ("vllm", "nhd", "hnd")]
 
 
-def _fp8_attend(layout, kv, query, k_nhd, v_nhd):
-    """(kernel out, oracle out), float32 [S, heads, D]: sequence s is block s of the byte caches
-    k_nhd / v_nhd [S, 16, kvh, D], all 16 tokens attended, scale 1, k_scale = v_scale = 1;
-    layout "vllm": v1 on vLLM's layout, else decode on that token-major layout."""
-    num_seqs = k_nhd.shape[0]
-    block_tables = torch.arange(num_seqs, dtype=torch.int32)[:, None]
-    seq_lens = torch.full((num_seqs,), FP8_BS, dtype=torch.int32)
-    if layout == "vllm":  # [nb, kvh, D / x, bs, x] and [nb, kvh, D, bs]
-        x = key_chunk_elements(torch.uint8)
-        kc = k_nhd.reshape(num_seqs, FP8_BS, FP8_KVH, FP8_D // x, x).permute(0, 2, 3, 1, 4)
-        kc, vc = kc.contiguous(), v_nhd.permute(0, 2, 3, 1).contiguous()
-    else:
-        kc, vc, _ = testing.nhd_cache_views(k_nhd, v_nhd, layout)
-    results = []
-    for v1, decode in ((OPS.v1, OPS.decode), (reference.paged_attention_v1, reference.decode)):
-        out = torch.full(query.shape, float("nan"))
-        if layout == "vllm":
-            v1(out, query, kc, vc, FP8_KVH, 1.0, block_tables, seq_lens, FP8_BS, FP8_BS, None,
-               kv, 1.0, 1.0)
-        else:
-            decode(out, query, kc, vc, block_tables, seq_lens, 1.0, None, kv, 1.0, 1.0)
-        results.append(out)
-    return results
-
-
-def _fp8_byte(kv, value):
-    return int(torch.tensor([value]).to(testing.FP8_DTYPES[kv]).view(torch.uint8))
-
-
-FP8_PARAMS = [(kv, layout) for kv in ("fp8_e4m3", "fp8_e5m2") for layout in ("vllm", "nhd", "hnd")]
-
-
-@pytest.mark.parametrize("kv,layout", FP8_PARAMS, ids=[f"{kv}-{lay}" for kv, lay in FP8_PARAMS])
-def test_every_fp8_byte_decodes_exactly_as_a_value(kernel, kv, layout):
-    """Each sequence attends one token (logit 128 there, 0 elsewhere: p = 1 and exp(-128) = 0 in
-    fp32), whose V holds 256 distinct bytes over its KV heads and dims; the other tokens' V is 0.
-    out is then the decoded byte, bit for bit, NaN for the NaN bytes; the attended token sits
-    in a different lane of vLLM's 16-token V vectors in each sequence."""
-    attended = [3, 14]
-    k = torch.zeros(len(attended), FP8_BS, FP8_KVH, FP8_D, dtype=torch.uint8)
-    v = torch.zeros_like(k)
-    v_bytes = (torch.arange(len(attended) * FP8_KVH * FP8_D) % 256).to(torch.uint8)
-    v_bytes = v_bytes.view(len(attended), FP8_KVH, FP8_D)
-    for s, t in enumerate(attended):
-        k[s, t, :, 0] = _fp8_byte(kv, 16.0)
-        v[s, t] = v_bytes[s]
-    query = torch.zeros(len(attended), FP8_HEADS, FP8_D)
-    query[:, :, 0] = 8.0
-    got, oracle = _fp8_attend(layout, kv, query, k, v)
-    gqa = FP8_HEADS // FP8_KVH
-    want = v_bytes.view(testing.FP8_DTYPES[kv]).float().repeat_interleave(gqa, dim=1)
-    every_byte = torch.arange(256).to(torch.uint8).view(testing.FP8_DTYPES[kv])
-    nan_bytes = int(every_byte.isnan().sum())  # e4m3fn: 2 (0x7F, 0xFF); e5m2: 6
-    assert want.isnan().sum() == 2 * nan_bytes * gqa  # each NaN byte twice, in every query head
-    for name, out in (("kernel", got), ("oracle", oracle)):
+@pytest.mark.parametrize("kv,side,layout", FP8_PARAMS, ids=["-".join(p) for p in FP8_PARAMS])
+def test_every_fp8_byte_decodes_right(kernel, kv, side, layout):
+    """All 256 bytes of the format through V (out is each decoded byte: compared exactly, NaN and
+    inf included) or through K (a logit of +-1 per byte: compared at fp32's tolerance), in
+    vLLM's layout (v1) and token-major (decode); testing.every_fp8_byte_inputs says how. The
+    random caches of the other tests hold a few octaves of bytes around the scale: a vector
+    decode turning +-448 into NaN passed every one of them."""
+    inp, want = testing.every_fp8_byte_inputs(kv, side, layout)
+    call = testing.call_v1 if layout == "vllm" else testing.call_decode
+    for name, fn in (("kernel", OPS.v1 if layout == "vllm" else OPS.decode),
+                     ("oracle", reference.paged_attention_v1 if layout == "vllm"
+                      else reference.decode)):
+        out = call(fn, inp, torch.full(tuple(want.shape), float("nan")))
+        if side == "key":
+            testing.assert_out_matches(out, want, torch.float32, kv, name=name)
+            continue
         assert torch.equal(out.isnan(), want.isnan()), f"{name}: NaN pattern differs"
-        bad = (out.nan_to_num() != want.nan_to_num()).nonzero()
+        bad = (out.double().nan_to_num() != want.nan_to_num()).nonzero()
         assert len(bad) == 0, (f"{name}: {len(bad)} outputs differ, first at [seq, head, dim] "
-                               f"{bad[0].tolist()}: {out[tuple(bad[0])]} for byte "
-                               f"{int(v_bytes[bad[0][0], bad[0][1] // gqa, bad[0][2]]):#04x}, "
+                               f"{bad[0].tolist()}: {out[tuple(bad[0])]}, "
                                f"want {want[tuple(bad[0])]}")
-
-
-@pytest.mark.parametrize("kv,layout", FP8_PARAMS, ids=[f"{kv}-{lay}" for kv, lay in FP8_PARAMS])
-def test_every_fp8_byte_decodes_right_as_a_key(kernel, kv, layout):
-    """Query head h of sequence s reads one K byte, (64 s + h), at dim 4 (h % 16) + h // 16 of
-    its KV head, in one token whose V is 1 (the other tokens' K and V are 0), with the query
-    1 / |value| there: logit +-1 (0 for a zero byte), out = e^l / (e^l + 15) in every dim. A
-    byte decoded wrong moves its logit, and out by more than the tolerance for any relative
-    error above about 1e-4. The bytes that are not finite (NaN; e5m2's +-inf) are replaced by
-    0 here: one would poison its whole KV head through the 0 * NaN (0 * inf) of the other dims.
-    The value test above decodes them through the same loads; test_fp8_nan_byte_... reads a NaN
-    byte as a key."""
-    attended = [0, 5, 10, 15]
-    k = torch.zeros(len(attended), FP8_BS, FP8_KVH, FP8_D, dtype=torch.uint8)
-    v = torch.zeros_like(k)
-    k_bytes = torch.arange(256).to(torch.uint8).view(len(attended), FP8_HEADS)
-    values = k_bytes.view(testing.FP8_DTYPES[kv]).float()
-    not_finite = ~values.isfinite()
-    k_bytes[not_finite], values[not_finite] = 0, 0.0
-    query = torch.zeros(len(attended), FP8_HEADS, FP8_D)
-    gqa = FP8_HEADS // FP8_KVH
-    for s, t in enumerate(attended):
-        v[s, t] = _fp8_byte(kv, 1.0)
-        for h in range(FP8_HEADS):
-            g, dim = h // gqa, 4 * (h % gqa) + h // gqa
-            k[s, t, g, dim] = k_bytes[s, h]
-            query[s, h, dim] = 1.0 / abs(values[s, h]) if values[s, h] != 0 else 1.0
-    got, oracle = _fp8_attend(layout, kv, query, k, v)
-    e = torch.exp(values.double().sign())
-    want = (e / (e + FP8_BS - 1))[:, :, None].expand(-1, -1, FP8_D)
-    testing.assert_out_matches(oracle, want, torch.float32, kv, name="oracle")
-    testing.assert_out_matches(got, want, torch.float32, kv, name="kernel")
 
 
 def test_all_rows_empty(kernel):

@@ -7,7 +7,9 @@ Cases come from paged_attention_ext.tools.testing (shuffled block tables with ga
 NaN in every cache slot no sequence uses, fp8 k/v scales != 1); the expected `out` from the oracle
 reference.paged_attention_v2 (vLLM's cache layout) or reference.decode (token-major caches:
 testing.DECODE_LAYOUTS), with testing.tolerances; a blocksparse case (vLLM's layout) has NaN in
-every (cache block, KV head) no query head attends. One little-endian file per case:
+every (cache block, KV head) no query head attends; an every-byte case
+(testing.every_fp8_byte_inputs) puts all 256 bytes of an fp8 format through K or V. One
+little-endian file per case:
   "PACASE3\\0", int64[26] (see HEADER_INTS; bs_vert_stride 0: dense),
   float32[5] (scale k_scale v_scale atol rtol), name,
   query fp32 [S,H,D] | K cache raw bytes | V cache raw bytes | block_tables int32 [S,M] |
@@ -81,6 +83,17 @@ CASES = [
     (F32, "auto", 8, 2, 64, 16, [1100, 300], True, None, Blocksparse(1, 3, 8, 64, 2)),
     (BF16, "fp8_e5m2", 4, 2, 32, 8, [700, 77], False, None, Blocksparse(1, 1, 3, 12, -1)),
 ]
+
+
+def every_byte_case(kv, side, layout=None):
+    """A CASES entry for testing.every_fp8_byte_inputs(kv, side, layout or "vllm"): its shape
+    (GQA 16, head 64, fp32 query, blocks of 16), then the side where a blocksparse entry goes."""
+    return (F32, kv, 64, 4, 64, 16, [16] * (2 if side == "value" else 4), False, layout, side)
+
+
+# every fp8 byte through V and K, each decode path: vLLM's K and V, token-major K's token pairs
+CASES += [every_byte_case(kv, side, layout) for kv in ("fp8_e4m3", "fp8_e5m2")
+          for side, layout in (("value", None), ("key", None), ("key", "nhd"), ("value", "hnd"))]
 KV_FORM = {"vllm": 0, "token_major": 1}  # core/kv_layout.h KvForm
 
 
@@ -88,7 +101,8 @@ def case_name(i, c):
     dtype, kv, nh, nkv, d, bs, lens, alibi, layout = c[:9]
     return (f"{i:02d}-{str(dtype)[6:]}-{kv}-h{nh}kv{nkv}-d{d}-bs{bs}-n{len(lens)}"
             f"{'-alibi' if alibi else ''}{'-' + layout if layout else ''}"
-            f"{'-blocksparse' if len(c) > 9 else ''}")
+            f"{'-' + str(c[9]) if len(c) > 9 and isinstance(c[9], str) else ''}"
+            f"{'-blocksparse' if len(c) > 9 and isinstance(c[9], Blocksparse) else ''}")
 
 
 def storage_bytes(t):
@@ -153,8 +167,12 @@ def write_cases(folder, cases=CASES):
             os.remove(os.path.join(folder, old))
     for i, c in enumerate(cases):
         dtype, kv, nh, nkv, d, bs, lens, alibi, layout = c[:9]
-        sparse = c[9] if len(c) > 9 else testing.DENSE
-        if layout in testing.DECODE_LAYOUTS:
+        sparse = c[9] if len(c) > 9 and isinstance(c[9], Blocksparse) else testing.DENSE
+        if len(c) > 9 and c[9] in testing.EVERY_BYTE_SIDES:  # every_byte_case
+            inp, _ = testing.every_fp8_byte_inputs(kv, c[9], layout or "vllm")
+            assert (inp.dtype, inp.num_heads, inp.num_kv_heads, inp.head_size, inp.block_size,
+                    inp.seq_lens_list) == (dtype, nh, nkv, d, bs, lens), c
+        elif layout in testing.DECODE_LAYOUTS:
             inp = testing.make_decode_inputs(len(lens), nh, nkv, d, bs, lens, layout=layout,
                                              dtype=dtype, kv_cache_dtype=kv, use_alibi=alibi,
                                              seed=i + d)

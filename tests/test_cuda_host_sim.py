@@ -78,6 +78,11 @@ CASES = [
     (F32, "auto", 8, 2, 64, 16, [1100, 300], True, None, Blocksparse(1, 3, 8, 64, 2)),
     (BF16, "fp8_e5m2", 16, 2, 128, 8, [700, 77], False, None, Blocksparse(1, 1, 3, 12, -1)),
     (F16, "auto", 8, 2, 96, 16, [1537, 5], False, None, Blocksparse(0, 2, 4, 16, 0)),
+    # every fp8 byte through V and K (testing.every_fp8_byte_inputs), both cache forms
+    cross.every_byte_case("fp8_e4m3", "value"),
+    cross.every_byte_case("fp8_e4m3", "key", "nhd"),
+    cross.every_byte_case("fp8_e5m2", "key"),
+    cross.every_byte_case("fp8_e5m2", "value", "hnd"),
 ]
 KERNELS = ("baseline", "pipelined", "mma")  # the kernel choices (csrc/cuda/kernel_choice.h)
 MODES = ("v2", "v1", "split")

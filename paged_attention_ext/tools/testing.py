@@ -23,7 +23,7 @@ from typing import List, NamedTuple, Optional, Union
 
 import torch
 
-from ..core import FP8_DTYPES  # noqa: F401  (re-exported: cache kind -> torch fp8 dtype)
+from ..core import FP8_DTYPES  # cache kind -> torch fp8 dtype (tests take it from here)
 from ..core import PARTITION_SIZE, cache_storage_dtype, encode_cache, key_chunk_elements
 from .. import op_args
 from ..validation import BLOCKSPARSE_ARGS, DENSE, parse_kv_cache_dtype
@@ -380,16 +380,92 @@ def make_decode_inputs(num_seqs, num_heads, num_kv_heads, head_size, block_size,
                                    extra_blocks=extra_blocks, poison=poison,
                                    noncontig_query=noncontig_query,
                                    scale_as_tensor=scale_as_tensor)
+    return decode_inputs_from(legacy, layout)
+
+
+def decode_inputs_from(legacy, layout):
+    """DecodeInputs holding the K/V of `legacy` (AttentionInputs, vLLM's layout) in `layout`
+    (DECODE_LAYOUTS), the same query, tables and scales."""
     k_nhd, v_nhd = legacy_to_nhd(legacy.key_cache, legacy.value_cache)
     key_cache, value_cache, storage = nhd_cache_views(k_nhd, v_nhd, layout)
     return DecodeInputs(
         query=legacy.query, key_cache=key_cache, value_cache=value_cache,
         block_tables=legacy.block_tables, seq_lens=legacy.seq_lens, scale=legacy.scale,
-        alibi_slopes=legacy.alibi_slopes, kv_cache_dtype=kv_cache_dtype, k_scale=legacy.k_scale,
-        v_scale=legacy.v_scale, layout=layout, storage=storage, legacy=legacy,
-        num_seqs=num_seqs, num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=head_size,
-        block_size=block_size, num_blocks=legacy.num_blocks, seq_lens_list=list(seq_lens),
-        dtype=dtype)
+        alibi_slopes=legacy.alibi_slopes, kv_cache_dtype=legacy.kv_cache_dtype,
+        k_scale=legacy.k_scale, v_scale=legacy.v_scale, layout=layout, storage=storage,
+        legacy=legacy, num_seqs=legacy.num_seqs, num_heads=legacy.num_heads,
+        num_kv_heads=legacy.num_kv_heads, head_size=legacy.head_size,
+        block_size=legacy.block_size, num_blocks=legacy.num_blocks,
+        seq_lens_list=list(legacy.seq_lens_list), dtype=legacy.dtype)
+
+
+# ---- every fp8 byte through one side of attention ----
+# Random fp8 caches hold fp8(N(0, 1) / scale): the bytes of a few octaves around the scale, never
+# the largest values nor e5m2's infinities. These inputs put all 256 bytes of a format through K
+# or through V, with queries that make each byte's decoded value reach an output on its own:
+# GQA 16 (4 KV heads, 64 query heads), head 64, fp32 query, one full block of 16 tokens per
+# sequence (block s, in order), scale 1, k_scale = v_scale = 1.
+EVERY_BYTE_SIDES = ("value", "key")
+_EB_BS, _EB_KVH, _EB_HEADS, _EB_D = 16, 4, 64, 64
+
+
+def every_fp8_byte_inputs(kv_cache_dtype, side, layout="vllm"):
+    """(inputs, want): AttentionInputs ("vllm") or DecodeInputs (a DECODE_LAYOUTS name), and the
+    out any right implementation gives, float64 [S, 64, 64].
+    side "value": each sequence attends one token (logit 128 there, 0 elsewhere: p = 1, and
+      exp(-128) is 0 in fp32) whose V holds 256 distinct bytes over its KV heads and dims (the
+      other tokens' V is 0), a different lane of vLLM's 16-token V vectors per sequence: out
+      is the decoded byte, exactly, NaN for the NaN bytes, +-inf for e5m2's.
+    side "key": query head h of sequence s reads the K byte 64 s + h at dim 4 (h % 16) + h // 16
+      of its KV head, in one token whose V is 1 (the other tokens' K and V are 0), with the
+      query 1 / |value| there: logit +-1 (0 for a zero byte), out = e^l / (e^l + 15) in every
+      dim, so a byte decoded wrong by more than about 1e-4 (relative) moves out beyond fp32's
+      tolerance. The bytes that are not finite are 0 here: one would poison its whole KV head
+      through the 0 * NaN (0 * inf) of the other dims; the value side decodes them."""
+    kind = parse_kv_cache_dtype("testing", kv_cache_dtype)
+    assert kind != "auto" and side in EVERY_BYTE_SIDES, (kv_cache_dtype, side)
+    fp8 = FP8_DTYPES[kind]
+    byte_of = lambda value: int(torch.tensor([value]).to(fp8).view(torch.uint8))  # noqa: E731
+    gqa = _EB_HEADS // _EB_KVH
+    attended = [3, 14] if side == "value" else [0, 5, 10, 15]
+    num_seqs = len(attended)
+    k = torch.zeros(num_seqs, _EB_BS, _EB_KVH, _EB_D, dtype=torch.uint8)  # NHD, block s = seq s
+    v = torch.zeros_like(k)
+    query = torch.zeros(num_seqs, _EB_HEADS, _EB_D)
+    if side == "value":
+        v_bytes = (torch.arange(num_seqs * _EB_KVH * _EB_D) % 256).to(torch.uint8)
+        v_bytes = v_bytes.view(num_seqs, _EB_KVH, _EB_D)
+        for s, t in enumerate(attended):
+            k[s, t, :, 0] = byte_of(16.0)
+            v[s, t] = v_bytes[s]
+        query[:, :, 0] = 8.0
+        want = v_bytes.view(fp8).double().repeat_interleave(gqa, dim=1)
+    else:
+        k_bytes = torch.arange(256).to(torch.uint8).view(num_seqs, _EB_HEADS)
+        values = k_bytes.view(fp8).float()
+        not_finite = ~values.isfinite()
+        k_bytes[not_finite], values[not_finite] = 0, 0.0
+        for s, t in enumerate(attended):
+            v[s, t] = byte_of(1.0)
+            for h in range(_EB_HEADS):
+                g, dim = h // gqa, 4 * (h % gqa) + h // gqa
+                k[s, t, g, dim] = k_bytes[s, h]
+                query[s, h, dim] = 1.0 / abs(values[s, h]) if values[s, h] != 0 else 1.0
+        e = torch.exp(values.double().sign())
+        want = (e / (e + _EB_BS - 1))[:, :, None].expand(-1, -1, _EB_D).clone()
+    x = key_chunk_elements(torch.uint8)
+    legacy = AttentionInputs(  # NHD -> [nb, kvh, D / x, bs, x] and [nb, kvh, D, bs]
+        query=query,
+        key_cache=k.view(num_seqs, _EB_BS, _EB_KVH, _EB_D // x, x).permute(0, 2, 3, 1, 4)
+        .contiguous(),
+        value_cache=v.permute(0, 2, 3, 1).contiguous(),
+        block_tables=torch.arange(num_seqs, dtype=torch.int32)[:, None],
+        seq_lens=torch.full((num_seqs,), _EB_BS, dtype=torch.int32), num_kv_heads=_EB_KVH,
+        scale=1.0, block_size=_EB_BS, max_seq_len=_EB_BS, alibi_slopes=None,
+        kv_cache_dtype=kv_cache_dtype, k_scale=1.0, v_scale=1.0, num_seqs=num_seqs,
+        num_heads=_EB_HEADS, head_size=_EB_D, num_blocks=num_seqs,
+        seq_lens_list=[_EB_BS] * num_seqs, dtype=torch.float32)
+    return (legacy if layout == "vllm" else decode_inputs_from(legacy, layout)), want
 
 
 def decode_args(inputs):
