@@ -26,18 +26,18 @@ PA_DECODE_INLINE void half8(uint16x8_t h, float32x4_t* out) {
 }
 
 // 8 e4m3fn bytes -> 8 floats: S.EEEE.MMM -> fp16 S.0EEEE.MMM0000000 is the value * 2^-8
-// (subnormals included); times 256 in fp32 is exact. S.1111.111 is NaN.
+// (subnormals included); times 256 in fp32 is exact. The NaN code S.1111.111 would land on a
+// finite fp16: an all-ones exponent OR-ed into those lanes before the conversion keeps it NaN
+// (cheaper than widening the compare and selecting per 4 floats after it).
 PA_DECODE_INLINE void e4m3x8(uint8x8_t bytes, float32x4_t* out) {
   const uint16x8_t w = vmovl_u8(bytes);
-  const uint16x8_t mag = vandq_u16(w, vdupq_n_u16(0x7F));
-  const uint16x8_t sign = vshlq_n_u16(vandq_u16(w, vdupq_n_u16(0x80)), 8);
-  half8(vorrq_u16(vshlq_n_u16(mag, 7), sign), out);
-  const uint16x8_t nan = vceqq_u16(mag, vdupq_n_u16(0x7F));
-  const float32x4_t qnan = vdupq_n_f32(NAN), k256 = vdupq_n_f32(256.0f);
-  out[0] = vbslq_f32(vreinterpretq_u32_s32(vmovl_s16(vreinterpret_s16_u16(vget_low_u16(nan)))),
-                     qnan, vmulq_f32(out[0], k256));
-  out[1] = vbslq_f32(vreinterpretq_u32_s32(vmovl_s16(vreinterpret_s16_u16(vget_high_u16(nan)))),
-                     qnan, vmulq_f32(out[1], k256));
+  const uint16x8_t t = vshlq_n_u16(w, 7);  // EEEE.MMM at bits 7-13, S at bit 14
+  const uint16x8_t h = vaddq_u16(t, vandq_u16(t, vdupq_n_u16(0x4000)));  // S to bit 15
+  const uint16x8_t nan = vceqq_u16(vandq_u16(w, vdupq_n_u16(0x7F)), vdupq_n_u16(0x7F));
+  half8(vorrq_u16(h, vandq_u16(nan, vdupq_n_u16(0x7C00))), out);
+  const float32x4_t k256 = vdupq_n_f32(256.0f);
+  out[0] = vmulq_f32(out[0], k256);
+  out[1] = vmulq_f32(out[1], k256);
 }
 
 // exp(x) for x <= 0: exp_poly's range reduction and polynomial, times 2^n built in the
