@@ -150,31 +150,15 @@ def test_fp8_nan_byte_in_an_attended_slot_reaches_the_output(kernel, kv, which):
 
 # ---- every fp8 byte through each variant's own vector decode ----
 
-FP8_PARAMS = [(kv, side, layout) for kv in ("fp8_e4m3", "fp8_e5m2")
-              for side in testing.EVERY_BYTE_SIDES for layout in ("vllm", "nhd", "hnd")]
-
-
-@pytest.mark.parametrize("kv,side,layout", FP8_PARAMS, ids=["-".join(p) for p in FP8_PARAMS])
+@pytest.mark.parametrize("kv,side,layout", conformance.EVERY_BYTE_CASES,
+                         ids=["-".join(c) for c in conformance.EVERY_BYTE_CASES])
 def test_every_fp8_byte_decodes_right(kernel, kv, side, layout):
     """All 256 bytes of the format through V (out is each decoded byte: compared exactly, NaN and
     inf included) or through K (a logit of +-1 per byte: compared at fp32's tolerance), in
     vLLM's layout (v1) and token-major (decode); testing.every_fp8_byte_inputs says how. The
     random caches of the other tests hold a few octaves of bytes around the scale: a vector
     decode turning +-448 into NaN passed every one of them."""
-    inp, want = testing.every_fp8_byte_inputs(kv, side, layout)
-    call = testing.call_v1 if layout == "vllm" else testing.call_decode
-    for name, fn in (("kernel", OPS.v1 if layout == "vllm" else OPS.decode),
-                     ("oracle", reference.paged_attention_v1 if layout == "vllm"
-                      else reference.decode)):
-        out = call(fn, inp, torch.full(tuple(want.shape), float("nan")))
-        if side == "key":
-            testing.assert_out_matches(out, want, torch.float32, kv, name=name)
-            continue
-        assert torch.equal(out.isnan(), want.isnan()), f"{name}: NaN pattern differs"
-        bad = (out.double().nan_to_num() != want.nan_to_num()).nonzero()
-        assert len(bad) == 0, (f"{name}: {len(bad)} outputs differ, first at [seq, head, dim] "
-                               f"{bad[0].tolist()}: {out[tuple(bad[0])]}, "
-                               f"want {want[tuple(bad[0])]}")
+    conformance.require(conformance.every_fp8_byte(OPS, kv, side, layout))
 
 
 def test_all_rows_empty(kernel):

@@ -221,6 +221,14 @@ def test_fp8_cache_matches_reference(kernel_ops, case, kv_cache_dtype, dtype, sc
     _check_v1(kernel_ops, inputs)
 
 
+@pytest.mark.parametrize("kv,side,layout", conformance.EVERY_BYTE_CASES,
+                         ids=["-".join(c) for c in conformance.EVERY_BYTE_CASES])
+def test_every_fp8_byte_decodes_right(kernel_ops, kv, side, layout):
+    """All 256 bytes of each fp8 format through V (exactly) and K (testing.every_fp8_byte_inputs)
+    on the GPU; the random fp8 caches above hold a few octaves of bytes around the scale."""
+    conformance.require(conformance.every_fp8_byte(kernel_ops, kv, side, layout, "cuda"))
+
+
 def test_strided_query_and_larger_scratch(kernel_ops):
     # query a slice of a fused qkv tensor (NaN elsewhere); scratch with spare partitions
     inputs = make_attention_inputs(4, 16, 4, 128, 16, [1537, 2, 600, 1024], dtype=torch.float16,

@@ -81,6 +81,13 @@ def test_matches_oracle(index, case, chunking):
                    scale_as_tensor=index % 3 == 0))
 
 
+@pytest.mark.parametrize("kv,side,layout", conformance.EVERY_BYTE_CASES,
+                         ids=["-".join(c) for c in conformance.EVERY_BYTE_CASES])
+def test_every_fp8_byte_decodes_right(kv, side, layout):
+    """All 256 bytes of each fp8 format through V (exactly) and K (testing.every_fp8_byte_inputs)."""
+    conformance.require(conformance.every_fp8_byte(FALLBACK, kv, side, layout))
+
+
 def test_scratch_larger_than_needed():
     # tmp_out covers more tokens than the block table holds: the extra partitions are skipped.
     case = (torch.float32, "auto", (8, 2, 64, 16), True)

@@ -7,6 +7,7 @@ per dtype.
 """
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ import torch
 from dense_reference import FP8_TABLES, dense_attention, dense_for
 from paged_attention_ext import reference
 from paged_attention_ext.core import key_chunk_elements
-from paged_attention_ext.tools import testing
+from paged_attention_ext.tools import conformance, testing
 from paged_attention_ext.tools.testing import V2Outputs
 
 # Lengths 1, 511/512/513 (partition edges), 1024 (2 partitions), 1537 (4 partitions, 1 token in
@@ -362,3 +363,12 @@ if __name__ == "__main__":
     for (dtype, kv), (out_err, tmp_err) in max_errors().items():
         print(f"  {str(dtype):16s} {kv:9s} out {out_err:.3e}  tmp_out {tmp_err:.3e}"
               f"  (atol {testing.tolerances(dtype, kv)[0]:.1e})")
+
+
+ORACLE = SimpleNamespace(v1=reference.paged_attention_v1, decode=reference.decode)
+@pytest.mark.parametrize("kv,side,layout", conformance.EVERY_BYTE_CASES,
+                         ids=["-".join(c) for c in conformance.EVERY_BYTE_CASES])
+def test_every_fp8_byte_gives_the_defined_out(kv, side, layout):
+    """The every-byte inputs (testing.every_fp8_byte_inputs) define their out in closed form from
+    torch's fp8 decode; the oracle meets it, so those tests' premise holds."""
+    conformance.require(conformance.every_fp8_byte(ORACLE, kv, side, layout))

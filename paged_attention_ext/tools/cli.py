@@ -33,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("info", help="backends compiled and active here")
 
-    check = sub.add_parser("check", help="every active backend vs the oracle")
+    check = sub.add_parser("check", help="every active backend vs the oracle (and every fp8 byte)")
     check.add_argument("--cases", type=_positive_int, default=3, help="random shapes per backend (3)")
     check.add_argument("--seed", type=int, default=None, help="replay a run (printed by check)")
 

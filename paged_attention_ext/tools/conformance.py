@@ -16,6 +16,7 @@ their inputs, case_cache_write the tokens a cache write stores.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -23,7 +24,7 @@ from typing import Any, Optional
 import torch
 
 from .. import reference
-from ..core import KV_CACHE_DTYPES, cache_kind, key_chunk_elements
+from ..core import FP8_DTYPES, KV_CACHE_DTYPES, cache_kind, key_chunk_elements
 from ..validation import QUERY_DTYPES
 from . import testing
 
@@ -112,6 +113,42 @@ def decode(ops, inputs, against_v1: bool = False) -> tuple:
         outcomes += (compare_out("decode vs v1", actual, v1_out, inputs.dtype,
                                  inputs.kv_cache_dtype),)
     return outcomes
+
+
+# ---- every fp8 byte: a backend's own fp8 decode, all 256 bytes of a format ----
+
+EVERY_BYTE_LAYOUTS = ("vllm", "nhd", "hnd")  # v1 on vLLM's layout; decode on NHD and HND
+# (kv_cache_dtype, side, layout): every combination, what the tests of each backend run
+EVERY_BYTE_CASES = tuple((kind, side, layout) for kind in FP8_DTYPES
+                         for side in testing.EVERY_BYTE_SIDES for layout in EVERY_BYTE_LAYOUTS)
+
+
+def every_fp8_byte(ops, kv_cache_dtype: str, side: str, layout: str = "vllm",
+                   device: str = "cpu") -> Outcome:
+    """ops.v1 ("vllm") or ops.decode (a token-major layout) on testing.every_fp8_byte_inputs,
+    against the out those inputs define (not against another implementation): through V,
+    exactly (NaN and inf where the byte is one); through K, within fp32's tolerance."""
+    inputs, want = testing.every_fp8_byte_inputs(kv_cache_dtype, side, layout, device)
+    op = "v1" if layout == "vllm" else "decode"
+    call = testing.call_v1 if layout == "vllm" else testing.call_decode
+    actual = call(getattr(ops, op), inputs, testing.alloc_v1_outputs(inputs))
+    name = f"{op} every {kv_cache_dtype} byte as {side}"
+
+    def exactly(got, expected):
+        got = got.double().cpu()
+        assert torch.equal(got.isnan(), expected.isnan()), "NaN where the byte is not NaN or back"
+        bad = (got.nan_to_num() != expected.nan_to_num()).nonzero()
+        assert len(bad) == 0, (f"{len(bad)} outputs differ, first [seq, head, dim] "
+                               f"{bad[0].tolist()}: {got[tuple(bad[0])]}, want "
+                               f"{expected[tuple(bad[0])]}")
+
+    if side == "key":
+        return compare_out(name, actual, want, inputs.dtype, kv_cache_dtype)
+    outcome = _judge(name, actual, want, exactly)
+    finite = want.isfinite()  # the error figure over the finite bytes (NaN - NaN is no error)
+    same_nan = torch.equal(actual.isnan().cpu(), want.isnan())
+    outcome.max_abs_err = max_abs_err(actual.cpu()[finite], want[finite]) if same_nan else math.inf
+    return outcome
 
 
 # ---- cache writes: reshape_and_cache, reshape_and_cache_flash ----

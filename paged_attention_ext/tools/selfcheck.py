@@ -1,6 +1,7 @@
 """`check`: run every active backend's ops (v1, v2, reshape_and_cache on vLLM's layout; decode and
 reshape_and_cache_flash on an NHD-ordered cache, NHD / HND / combined by turns) on a few fresh
-random shapes against the oracle (paged_attention_ext.reference); report max errors, pass/fail.
+random shapes against the oracle (paged_attention_ext.reference), and each backend's fp8 decode on
+every byte of both formats (conformance.every_fp8_byte); report max errors, pass/fail.
 The cases and the comparison are tools/conformance.py's, the one harness the tests use too.
 
 Inputs come from paged_attention_ext.tools.testing: N(0,1) q/k/v (sharp softmax), shuffled block
@@ -66,6 +67,18 @@ def _check_cache(backend: Backend, case: conformance.CaseSpec, seed: int,
     return _result(backend, f"{case.label} {inputs.layout}" if flash else case.label, outcome)
 
 
+def _check_every_fp8_byte(backend: Backend) -> CaseResult:
+    """One row: every case of conformance.EVERY_BYTE_CASES (all 256 bytes of each fp8 format
+    through K and V, v1 on vLLM's layout and decode on NHD / HND); the first failure named."""
+    outcomes = [conformance.every_fp8_byte(backend.ops, *case, device=backend.device)
+                for case in conformance.EVERY_BYTE_CASES]
+    failed = [o for o in outcomes if not o.passed]
+    worst = max(o.max_abs_err for o in outcomes)
+    message = f"{failed[0].op}: {failed[0].message}" if failed else ""
+    return _result(backend, "every byte: e4m3, e5m2; K, V; vLLM, NHD, HND",
+                   conformance.Outcome("fp8 decode", worst, message))
+
+
 CHECKS = (("v1", _check_v1), ("v2", _check_v2), ("reshape_and_cache", _check_cache),
           ("decode", _check_decode),
           ("reshape_and_cache_flash", lambda b, c, s: _check_cache(b, c, s, flash=True)))
@@ -80,13 +93,15 @@ def run_checks(num_cases: int = 3, seed: Optional[int] = None,
                                      conformance.head_sizes(paged_attention_ext.build_info()))
     results = []
     for backend in backends:
-        for i, case in enumerate(cases):
-            for op, check in CHECKS:
-                try:
-                    results.append(check(backend, case, seed + i))
-                except Exception as exc:  # an op that raises is a failure, not a crash
-                    results.append(CaseResult(backend.name, op, case.label, float("nan"), False,
-                                              f"{type(exc).__name__}: {exc}".splitlines()[0]))
+        checks = [(op, case.label, lambda b, c=case, i=i, f=check: f(b, c, seed + i))
+                  for i, case in enumerate(cases) for op, check in CHECKS]
+        checks.append(("fp8 decode", "every byte", _check_every_fp8_byte))
+        for op, label, check in checks:
+            try:
+                results.append(check(backend))
+            except Exception as exc:  # an op that raises is a failure, not a crash
+                results.append(CaseResult(backend.name, op, label, float("nan"), False,
+                                          f"{type(exc).__name__}: {exc}".splitlines()[0]))
     return seed, backends, results
 
 

@@ -409,9 +409,9 @@ EVERY_BYTE_SIDES = ("value", "key")
 _EB_BS, _EB_KVH, _EB_HEADS, _EB_D = 16, 4, 64, 64
 
 
-def every_fp8_byte_inputs(kv_cache_dtype, side, layout="vllm"):
-    """(inputs, want): AttentionInputs ("vllm") or DecodeInputs (a DECODE_LAYOUTS name), and the
-    out any right implementation gives, float64 [S, 64, 64].
+def every_fp8_byte_inputs(kv_cache_dtype, side, layout="vllm", device="cpu"):
+    """(inputs, want): AttentionInputs ("vllm") or DecodeInputs (a DECODE_LAYOUTS name) on
+    `device`, and the out any right implementation gives, float64 [S, 64, 64] on the CPU.
     side "value": each sequence attends one token (logit 128 there, 0 elsewhere: p = 1, and
       exp(-128) is 0 in fp32) whose V holds 256 distinct bytes over its KV heads and dims (the
       other tokens' V is 0), a different lane of vLLM's 16-token V vectors per sequence: out
@@ -455,12 +455,13 @@ def every_fp8_byte_inputs(kv_cache_dtype, side, layout="vllm"):
         want = (e / (e + _EB_BS - 1))[:, :, None].expand(-1, -1, _EB_D).clone()
     x = key_chunk_elements(torch.uint8)
     legacy = AttentionInputs(  # NHD -> [nb, kvh, D / x, bs, x] and [nb, kvh, D, bs]
-        query=query,
+        query=query.to(device),
         key_cache=k.view(num_seqs, _EB_BS, _EB_KVH, _EB_D // x, x).permute(0, 2, 3, 1, 4)
-        .contiguous(),
-        value_cache=v.permute(0, 2, 3, 1).contiguous(),
-        block_tables=torch.arange(num_seqs, dtype=torch.int32)[:, None],
-        seq_lens=torch.full((num_seqs,), _EB_BS, dtype=torch.int32), num_kv_heads=_EB_KVH,
+        .contiguous().to(device),
+        value_cache=v.permute(0, 2, 3, 1).contiguous().to(device),
+        block_tables=torch.arange(num_seqs, dtype=torch.int32, device=device)[:, None],
+        seq_lens=torch.full((num_seqs,), _EB_BS, dtype=torch.int32, device=device),
+        num_kv_heads=_EB_KVH,
         scale=1.0, block_size=_EB_BS, max_seq_len=_EB_BS, alibi_slopes=None,
         kv_cache_dtype=kv_cache_dtype, k_scale=1.0, v_scale=1.0, num_seqs=num_seqs,
         num_heads=_EB_HEADS, head_size=_EB_D, num_blocks=num_seqs,
