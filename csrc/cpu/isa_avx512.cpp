@@ -165,6 +165,7 @@ struct Isa {
                                         const char* pf_v) {
     constexpr int JT = 4;  // 4 vectors of 32 elements: 16 tokens
     const __m512 scale = _mm512_set1_ps(qk_scale);
+    RowSharePrefetch row_prefetch(pf_k, pf_v, s);
     for (int j = 0; j < s.R; j += 32 * JT) {
       __mmask32 m[JT];
       for (int jt = 0; jt < JT; ++jt) {
@@ -176,7 +177,7 @@ struct Isa {
         for (int jt = 0; jt < JT; ++jt) acc[g][jt] = _mm512_setzero_ps();
       for (int c = 0; c < s.C; ++c) {
         const uint16_t* kp = kblk + static_cast<int64_t>(c) * s.R + j;
-        if (j == 0) prefetch_row_share(pf_k, pf_v, s, c);  // spread over this block
+        if (j == 0) row_prefetch.row();  // spread over this block
         __m512bh kv[JT];
         for (int jt = 0; jt < JT; ++jt)
           kv[jt] = (__m512bh)_mm512_maskz_loadu_epi16(m[jt], kp + 32 * jt);

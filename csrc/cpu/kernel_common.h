@@ -63,8 +63,8 @@ constexpr float kCoef[6] = {1.9875691500E-4f, 1.3981999507E-3f, 8.3334519073E-3f
 
 // Prefetch into L2 (prefetcht1 on x86, PRFM PLDL2KEEP on aarch64), as a volatile asm: GCC takes
 // __builtin_prefetch for free of side effects, so it may drop a whole call of a helper that only
-// prefetches (it did: prefetch_row_share vanished from the compiled QK, and PV then waited on
-// V from DRAM: 1.5-2x slower; docs/PERFORMANCE.md "Regression").
+// prefetches (it did: the QK-time row-share prefetch vanished from the compiled QK, and PV then
+// waited on V from DRAM: 1.5-2x slower; docs/PERFORMANCE.md "Regression").
 inline void prefetch_l2(const void* p) {
 #if defined(__x86_64__) || defined(__i386__)
   asm volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(p)));
@@ -182,18 +182,44 @@ struct ScratchLayout {
   }
 };
 
-// Prefetches into L2 K row c's share (of s.C rows) of two blocks' slices: a K slice at pf_k and
-// a V slice at pf_v (either may be null). Spreads a block's prefetch over the rows being scored.
-inline void prefetch_row_share(const char* pf_k, const char* pf_v, const TaskShape& s, int c) {
-  if (pf_k) {
-    const int64_t n = s.k_mem.lines();
-    prefetch_lines(pf_k, s.k_mem, n * c / s.C, n * (c + 1) / s.C);
+// Prefetches into L2, while a block's K rows are scored, each row's share of two slices: a K
+// slice at pf_k and a V slice at pf_v (either may be null). Row c of the s.C rows, called in
+// order, takes lines [n c / C, n (c + 1) / C) of a slice's n lines. Incremental: two
+// divisions per slice per block, none per row (a division per bound per row cost about as
+// much as the QK arithmetic of a bf16 block on avx2-fma, docs/CPU_KERNEL.md).
+class RowSharePrefetch {
+ public:
+  PA_DECODE_INLINE RowSharePrefetch(const char* pf_k, const char* pf_v, const TaskShape& s)
+      : k_(pf_k, s.k_mem, s.C), v_(pf_v, s.v_mem, s.C) {}
+  bool active() const { return k_.line_left > 0 || v_.line_left > 0; }
+  PA_DECODE_INLINE void row() {  // inlined: a call in the QK loop would spill its accumulators
+    k_.row();
+    v_.row();
   }
-  if (pf_v) {
-    const int64_t n = s.v_mem.lines();
-    prefetch_lines(pf_v, s.v_mem, n * c / s.C, n * (c + 1) / s.C);
-  }
-}
+
+ private:
+  struct Slice {
+    const char* run;      // the run holding the next line
+    int64_t k = 0;        // the next line: run + 64 k
+    int64_t per, stride;  // lines per run, bytes between runs
+    int64_t line_left;    // lines not prefetched yet (0: nothing to do)
+    int64_t q, r, acc = 0;  // lines per row = q, plus one where acc (r per row) passes C
+    int C;
+    PA_DECODE_INLINE Slice(const char* base, const SliceBytes& m, int rows)
+        : run(base), per(m.lines_per_run()), stride(m.run_stride),
+          line_left(base && rows > 0 ? m.lines() : 0), q(line_left / std::max(rows, 1)),
+          r(line_left % std::max(rows, 1)), C(rows) {}
+    PA_DECODE_INLINE void row() {
+      int64_t n = q;
+      if ((acc += r) >= C) acc -= C, ++n;
+      for (n = std::min(n, line_left), line_left -= n; n > 0; --n) {
+        prefetch_l2(run + 64 * k);
+        if (++k == per) k = 0, run += stride;
+      }
+    }
+  };
+  Slice k_, v_;
+};
 
 // Cache lines of a list of slices, prefetched into L2 a few lines per step(): spreads the next
 // work item's K (and V) over this item's loops (a burst would stall on the miss buffers).

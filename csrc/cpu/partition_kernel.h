@@ -137,11 +137,12 @@ inline const typename Cache::storage* k_at(const typename Cache::storage* kblk, 
 
 // acc[g][jt] += kv[jt] times q's X dims of row c, kv[jt] = load_k(jt): K row c's vectors
 // j + 16 jt of the pass.
+// pf: the block's row-share prefetch on its first pass, else null.
 template <typename Cache, KvForm F, int GT, int JT, typename LoadK>
-inline void qk_row(const LoadK& load_k, const float* qs, const TaskShape& s, int j, int c,
-                   Vec (&acc)[GT][JT], const char* pf_k, const char* pf_v) {
+inline void qk_row(const LoadK& load_k, const float* qs, const TaskShape& s, int c,
+                   Vec (&acc)[GT][JT], RowSharePrefetch* pf) {
   constexpr int X = form_x<Cache, F>();
-  if (j == 0) prefetch_row_share(pf_k, pf_v, s, c);  // spread over this block
+  if (pf) pf->row();  // spread over this block
   Vec kv[JT];
 #pragma GCC unroll 8
   for (int jt = 0; jt < JT; ++jt) kv[jt] = load_k(jt);
@@ -158,7 +159,7 @@ inline void qk_row(const LoadK& load_k, const float* qs, const TaskShape& s, int
 // K's last row holds head_size % X dims when that is not 0 (qs is zero padded to 16 dims).
 template <typename Cache, KvForm F, int GT, int JT, bool kFull>
 inline void qk_rows(const typename Cache::storage* kblk, const float* qs, const TaskShape& s, int j,
-                    Vec (&acc)[GT][JT], const char* pf_k, const char* pf_v) {
+                    Vec (&acc)[GT][JT], RowSharePrefetch* pf) {
   constexpr int X = form_x<Cache, F>();
   const int full_rows = s.D / X;
   if constexpr (F == KvForm::kTokenMajor && X == 8) {  // vector jt: tokens (j + 16 jt) / 8, + 1
@@ -171,7 +172,7 @@ inline void qk_rows(const typename Cache::storage* kblk, const float* qs, const 
         return Isa::template load_token_pair<Cache>(k_at<Cache, F>(kblk, s, c, j + 16 * jt),
                                                     s.k_token_stride, ntok[jt], dims);
       };
-      qk_row<Cache, F, GT, JT>(load_k, qs, s, j, c, acc, pf_k, pf_v);
+      qk_row<Cache, F, GT, JT>(load_k, qs, s, c, acc, pf);
     };
     for (int c = 0; c < full_rows; ++c) row(c, 8);
     if (full_rows < s.C) row(full_rows, s.D % 8);
@@ -184,7 +185,7 @@ inline void qk_rows(const typename Cache::storage* kblk, const float* qs, const 
       const auto load_k = [&](int jt) {
         return Isa::template load_cache<Cache>(k_at<Cache, F>(kblk, s, c, j + 16 * jt), m[jt]);
       };
-      qk_row<Cache, F, GT, JT>(load_k, qs, s, j, c, acc, pf_k, pf_v);
+      qk_row<Cache, F, GT, JT>(load_k, qs, s, c, acc, pf);
     }
     if constexpr (F == KvForm::kTokenMajor) {
       if (full_rows < s.C) {
@@ -196,7 +197,7 @@ inline void qk_rows(const typename Cache::storage* kblk, const float* qs, const 
           return Isa::template load_cache<Cache>(k_at<Cache, F>(kblk, s, full_rows, j + 16 * jt),
                                                  tail[jt]);
         };
-        qk_row<Cache, F, GT, JT>(load_k, qs, s, j, full_rows, acc, pf_k, pf_v);
+        qk_row<Cache, F, GT, JT>(load_k, qs, s, full_rows, acc, pf);
       }
     }
   }
@@ -215,16 +216,19 @@ void qk_block(const typename Cache::storage* kblk, const float* qs, const TaskSh
   constexpr int kPasses = JT < X ? X / JT : 1;  // passes per 16-token group
   Vec held[GT][kPasses > 1 ? X : 1];
   int held_passes = 0, group_j = 0;
+  RowSharePrefetch row_prefetch(pf_k, pf_v, s);
+  RowSharePrefetch* const first_pass_prefetch = row_prefetch.active() ? &row_prefetch : nullptr;
   for (int j = 0; j < s.R; j += 16 * JT) {
+    RowSharePrefetch* const pf = j == 0 ? first_pass_prefetch : nullptr;
     Vec acc[GT][JT];
 #pragma GCC unroll 8
     for (int g = 0; g < GT; ++g)
 #pragma GCC unroll 8
       for (int jt = 0; jt < JT; ++jt) acc[g][jt] = Isa::zero();
     if (s.R - j >= 16 * JT)
-      qk_rows<Cache, F, GT, JT, true>(kblk, qs, s, j, acc, pf_k, pf_v);
+      qk_rows<Cache, F, GT, JT, true>(kblk, qs, s, j, acc, pf);
     else
-      qk_rows<Cache, F, GT, JT, false>(kblk, qs, s, j, acc, pf_k, pf_v);
+      qk_rows<Cache, F, GT, JT, false>(kblk, qs, s, j, acc, pf);
     if constexpr (kPasses == 1) {
       const int ntok = std::min(16 * JT, s.R - j) / X;
 #pragma GCC unroll 8
