@@ -207,8 +207,9 @@ class RowSharePrefetch {
     int C;
     PA_DECODE_INLINE Slice(const char* base, const SliceBytes& m, int rows)
         : run(base), per(m.lines_per_run()), stride(m.run_stride),
-          line_left(base && rows > 0 ? m.lines() : 0), q(line_left / std::max(rows, 1)),
-          r(line_left % std::max(rows, 1)), C(rows) {}
+          line_left(base && rows > 0 ? m.lines() : 0), q(0), r(0), C(rows) {
+      if (line_left > 0) q = line_left / rows, r = line_left % rows;  // no division when idle
+    }
     PA_DECODE_INLINE void row() {
       int64_t n = q;
       if ((acc += r) >= C) acc -= C, ++n;

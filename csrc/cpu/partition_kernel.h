@@ -139,8 +139,8 @@ inline const typename Cache::storage* k_at(const typename Cache::storage* kblk, 
 // j + 16 jt of the pass.
 // pf: the block's row-share prefetch on its first pass, else null.
 template <typename Cache, KvForm F, int GT, int JT, typename LoadK>
-inline void qk_row(const LoadK& load_k, const float* qs, const TaskShape& s, int c,
-                   Vec (&acc)[GT][JT], RowSharePrefetch* pf) {
+PA_DECODE_INLINE void qk_row(const LoadK& load_k, const float* qs, const TaskShape& s, int c,
+                             Vec (&acc)[GT][JT], RowSharePrefetch* pf) {
   constexpr int X = form_x<Cache, F>();
   if (pf) pf->row();  // spread over this block
   Vec kv[JT];
@@ -157,9 +157,12 @@ inline void qk_row(const LoadK& load_k, const float* qs, const TaskShape& s, int
 // acc[g][jt] += K row c's vectors j + 16 jt ... times q's X dims of row c, over all rows.
 // kFull: every lane of the JT vectors is in the row (no mask test in the loop). A token-major
 // K's last row holds head_size % X dims when that is not 0 (qs is zero padded to 16 dims).
+// qk_rows and qk_row are always inlined into qk_block: out of line, the accumulators would
+// live in memory (GCC's size limits left some token-major ones out of line).
 template <typename Cache, KvForm F, int GT, int JT, bool kFull>
-inline void qk_rows(const typename Cache::storage* kblk, const float* qs, const TaskShape& s, int j,
-                    Vec (&acc)[GT][JT], RowSharePrefetch* pf) {
+PA_DECODE_INLINE void qk_rows(const typename Cache::storage* kblk, const float* qs,
+                              const TaskShape& s, int j, Vec (&acc)[GT][JT],
+                              RowSharePrefetch* pf) {
   constexpr int X = form_x<Cache, F>();
   const int full_rows = s.D / X;
   if constexpr (F == KvForm::kTokenMajor && X == 8) {  // vector jt: tokens (j + 16 jt) / 8, + 1
@@ -167,7 +170,7 @@ inline void qk_rows(const typename Cache::storage* kblk, const float* qs, const 
 #pragma GCC unroll 8
     for (int jt = 0; jt < JT; ++jt)
       ntok[jt] = kFull ? 2 : std::min(2, std::max(0, (s.R - j - 16 * jt) / 8));
-    const auto row = [&](int c, int dims) {
+    const auto row = [&](int c, int dims) __attribute__((always_inline)) {
       const auto load_k = [&](int jt) {
         return Isa::template load_token_pair<Cache>(k_at<Cache, F>(kblk, s, c, j + 16 * jt),
                                                     s.k_token_stride, ntok[jt], dims);
