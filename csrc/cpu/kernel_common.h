@@ -15,9 +15,10 @@
 #include "attention_kernel.h"
 #include "cache_element.h"
 
-// A cache decode primitive of an ISA layer (the loads that widen cache elements to fp32), always
-// inlined into the algorithm's loops: left to the inliner's size limits, which loop calls it out
-// of line would change with unrelated code of the same file.
+// Always inlined into the algorithm's loops: the cache decode primitives of an ISA layer (the
+// loads that widen cache elements to fp32) and the pieces of the QK loop (qk_rows, qk_row, the
+// row-share prefetch). Left to the inliner's size limits, which loop calls one out of line
+// would change with unrelated code of the same file, and a call spills the accumulators.
 #define PA_DECODE_INLINE inline __attribute__((always_inline))
 
 namespace paged_attn {
