@@ -3,6 +3,12 @@
 // Python functions only convert what the owners of each fact report:
 //   cpu_kernel() -> str                              the variant the next CPU call runs
 //   cpu_kernel_variants() -> [(name, runnable, why_not)]   every variant of this build, best first
+//   cpu_threading() -> dict                          how many threads a CPU call wakes
+//     idle_threads           "spin" or "sleep": what idle OpenMP threads do between regions
+//     setting                the environment variable that decided it, or "default"
+//     min_kv_bytes_per_thread  a call wakes one thread per this many bytes of K / V it reads
+//     forced                 PAGED_ATTN_CPU_KV_BYTES_PER_THREAD set that minimum
+//                          (ValueError: it is not a positive integer)
 //   build_info() -> dict                             what this build compiled and registered:
 //     torch_version        str, the torch the library was compiled against (torch's headers)
 //     cpu_kernel_variants  [name], best first (cpu/kernel_variants.cpp)
@@ -32,6 +38,7 @@
 #endif
 
 #include "cpu/kernel_choice.h"
+#include "cpu/threads_per_call.h"
 #include "torch_glue/registered_kernels.h"
 #ifdef PAGED_ATTN_WITH_CUDA
 #include "core/cuda_arch.h"
@@ -91,6 +98,25 @@ bool set_item(PyObject* dict, const char* key, PyObject* value) {
   const int rc = PyDict_SetItemString(dict, key, value);
   Py_DECREF(value);
   return rc == 0;
+}
+
+PyObject* cpu_threading(PyObject*, PyObject*) {
+  const auto& policy = paged_attn::cpu::idle_thread_policy();
+  std::string error;
+  const int64_t min_bytes = paged_attn::cpu::min_kv_bytes_per_thread(&error);
+  if (min_bytes <= 0) {
+    PyErr_SetString(PyExc_ValueError, error.c_str());
+    return nullptr;
+  }
+  PyObject* info = PyDict_New();
+  if (info == nullptr) return nullptr;
+  const bool ok =
+      set_item(info, "idle_threads", PyUnicode_FromString(policy.sleep ? "sleep" : "spin")) &&
+      set_item(info, "setting", PyUnicode_FromString(policy.setting.c_str())) &&
+      set_item(info, "min_kv_bytes_per_thread", PyLong_FromLongLong(min_bytes)) &&
+      set_item(info, "forced", PyBool_FromLong(paged_attn::cpu::kv_bytes_per_thread_forced()));
+  if (!ok) Py_CLEAR(info);
+  return info;
 }
 
 // list.append(value), stealing value.
@@ -198,6 +224,8 @@ PyMethodDef methods[] = {
     {"cpu_kernel", cpu_kernel, METH_NOARGS, "The CPU kernel variant the next call runs."},
     {"cpu_kernel_variants", cpu_kernel_variants, METH_NOARGS,
      "Every CPU kernel variant of this build, best first: (name, runnable, why_not)."},
+    {"cpu_threading", cpu_threading, METH_NOARGS,
+     "How many threads a CPU call wakes (see paged_attention_ext.cpu_threading)."},
     {"build_info", build_info, METH_NOARGS,
      "What this build compiled and registered (see paged_attention_ext.build_info)."},
     {"cuda_attention_launches", cuda_attention_launches, METH_VARARGS,

@@ -61,6 +61,25 @@ def cpu_kernel_variants() -> list:
     return list(_C.cpu_kernel_variants())
 
 
+def cpu_threading():
+    """How many threads a CPU call of the ops wakes, as a dict:
+      idle_threads             "spin" or "sleep": what idle OpenMP threads do between parallel
+                               regions, read once from the environment (GOMP_SPINCOUNT,
+                               KMP_BLOCKTIME, OMP_WAIT_POLICY; unset: "spin")
+      setting                  the variable that decided it ("OMP_WAIT_POLICY=passive") or
+                               "default"
+      min_kv_bytes_per_thread  a call wakes one thread (at most torch.get_num_threads()) per
+                               this many bytes of K / V it reads: 256 KiB when idle threads spin,
+                               4 MiB when waking one means a sleeping thread's wake-up, or the
+                               environment variable PAGED_ATTN_CPU_KV_BYTES_PER_THREAD (bytes,
+                               read on every call; ValueError if not a positive integer)
+      forced                   that variable is set
+    None when `_C` is not loaded (the PyTorch implementation threads as torch's ops do)."""
+    if not extension_loaded():
+        return None
+    return dict(_C.cpu_threading())
+
+
 def build_info():
     """What the loaded extension `_C` was built with, as the extension itself reports it
     (csrc/module.cpp): a dict with

@@ -10,6 +10,7 @@
 #include "../torch_glue/validate.h"
 #include "kernel_choice.h"
 #include "paged_attention_cpu.h"
+#include "threads_per_call.h"
 
 namespace paged_attn {
 namespace cpu {
@@ -21,7 +22,10 @@ void attention(const char* op, const PagedAttentionParams& p, bool is_v2, c10::D
   std::string choice_error;
   const KernelVariant* variant = choose_variant(&choice_error);
   TORCH_CHECK_VALUE(variant != nullptr, "paged_attn.", op, ": ", choice_error);
-  paged_attention(p, is_v2, variant->run);
+  std::string threads_error;
+  const int64_t min_bytes = min_kv_bytes_per_thread(&threads_error);
+  TORCH_CHECK_VALUE(min_bytes > 0, "paged_attn.", op, ": ", threads_error);
+  paged_attention(p, is_v2, variant->run, min_bytes);
 }
 
 // reshape_and_cache and reshape_and_cache_flash.

@@ -36,19 +36,15 @@ float cache_scale(const PagedAttentionParams& p, const float* ptr, float value) 
   return ptr != nullptr ? *ptr : value;
 }
 
-// Work items per thread at least: enough that each thread reads kMinBytesPerThread of K / V.
-// Below that the whole call runs in the calling thread: waking a second OpenMP thread costs more
-// than such a call gains from it, far more when another process holds that core (a tiny call
-// then waits a scheduler time slice at the region's closing barrier; docs/history/CPU_KERNEL_LOG.md).
-constexpr int64_t kMinBytesPerThread = 4 << 20;
-
-int64_t task_grain(const PagedAttentionParams& p, int64_t n_tasks) {
+// Work items per thread at least: enough that each thread reads min_bytes of K / V
+// (threads_per_call.h). Below that the whole call runs in the calling thread.
+int64_t task_grain(const PagedAttentionParams& p, int64_t n_tasks, int64_t min_bytes) {
   int64_t tokens = 0;
   for (int s = 0; s < p.num_seqs; ++s) tokens += p.seq_lens[s];
   const int64_t element_bytes = cache_element_bytes(p.scalar_kind, p.cache_kind);
   const int64_t bytes = 2 * tokens * p.num_kv_heads * p.head_size * element_bytes;  // K and V
   if (bytes <= 0) return std::max<int64_t>(n_tasks, 1);
-  return std::max<int64_t>(1, (n_tasks * kMinBytesPerThread + bytes - 1) / bytes);
+  return std::max<int64_t>(1, (n_tasks * min_bytes + bytes - 1) / bytes);
 }
 
 // q [num_seqs * num_heads, head_size] = the query (any seq / head strides, storage tag F32, F16
@@ -109,7 +105,8 @@ void merge_partitions(const PagedAttentionParams& p, const KernelInputs& in, boo
 
 }  // namespace
 
-void paged_attention(const PagedAttentionParams& p, bool is_v2, PartitionKernel kernel) {
+void paged_attention(const PagedAttentionParams& p, bool is_v2, PartitionKernel kernel,
+                     int64_t min_kv_bytes_per_thread) {
   // No output elements, nothing to write (and a GQA group of 0 heads to divide by).
   if (p.num_seqs == 0 || p.num_heads == 0 || p.head_size == 0) return;
   // Work items with at least one token, so threads get equal counts of real work.
@@ -143,7 +140,7 @@ void paged_attention(const PagedAttentionParams& p, bool is_v2, PartitionKernel 
 
   const size_t scratch_floats = kernel_scratch_floats(p);
   const int64_t n_tasks = static_cast<int64_t>(tasks.size());
-  at::parallel_for(0, n_tasks, task_grain(p, n_tasks), [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, n_tasks, task_grain(p, n_tasks, min_kv_bytes_per_thread), [&](int64_t begin, int64_t end) {
     std::vector<float> scratch(scratch_floats);
     for (int64_t i = begin; i < end; ++i)
       kernel(p, in, tasks[i], i + 1 < end ? &tasks[i + 1] : nullptr, scratch.data());

@@ -1,0 +1,38 @@
+// threads_per_call.h — how many OpenMP threads one CPU attention call wakes: one per
+// min_kv_bytes_per_thread() of the K / V it reads (at most torch's thread count). What a thread
+// costs depends on what idle OpenMP threads do between parallel regions:
+//   spin   (libgomp's and LLVM libomp's default, OMP_WAIT_POLICY=active): a few microseconds,
+//          so even a 64 KiB call gains from a second thread;
+//   sleep  (OMP_WAIT_POLICY=passive, GOMP_SPINCOUNT=0, KMP_BLOCKTIME=0): a futex wake-up and a
+//          scheduler decision, 10-50 us on an idle core and a time slice on a busy one, so a
+//          second thread only pays for itself beyond a few MiB.
+// PAGED_ATTN_CPU_KV_BYTES_PER_THREAD=<bytes> sets the minimum instead (read on every call).
+// docs/CPU_KERNEL.md, "Threads per call", has the measurements; scripts/bench_threads.py repeats
+// them on any machine.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace paged_attn {
+namespace cpu {
+
+struct IdleThreadPolicy {
+  bool sleep;           // idle OpenMP threads sleep (else they spin a while first)
+  std::string setting;  // what decided it: "OMP_WAIT_POLICY=passive", ..., or "default"
+};
+
+// Read once from the environment, as the OpenMP runtime reads it once when it loads: the first
+// of GOMP_SPINCOUNT (libgomp), KMP_BLOCKTIME (libomp) and OMP_WAIT_POLICY that is set and valid.
+const IdleThreadPolicy& idle_thread_policy();
+
+// The least K / V bytes the next call gives each of its threads: PAGED_ATTN_CPU_KV_BYTES_PER_THREAD
+// when set, else 256 KiB when idle threads spin and 4 MiB when they sleep. 0 with *error set
+// when the variable is not a positive integer.
+int64_t min_kv_bytes_per_thread(std::string* error);
+
+// PAGED_ATTN_CPU_KV_BYTES_PER_THREAD is set.
+bool kv_bytes_per_thread_forced();
+
+}  // namespace cpu
+}  // namespace paged_attn
