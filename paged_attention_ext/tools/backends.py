@@ -68,6 +68,7 @@ class Detection:
     gpus: list = field(default_factory=list)  # GpuInfo per visible CUDA device
     cpu_kernel: str = ""  # the CPU kernel variant our ops run ("avx2-fma", ...) or the error
     cpu_kernel_variants: list = field(default_factory=list)  # [(name, runnable, why_not)]
+    cpu_threading: Optional[dict] = None  # paged_attention_ext.cpu_threading(); None: no _C
     fallback_available: bool = False
     reference_available: bool = False
 
@@ -80,6 +81,16 @@ def _cpu_kernel(package) -> str:
         return package.cpu_kernel()
     except ValueError as exc:  # PAGED_ATTN_CPU_KERNEL names a variant that cannot run
         return f"error: {exc}"
+
+
+def _cpu_threading(package) -> Optional[dict]:
+    """package.cpu_threading(), or {"error": why} when PAGED_ATTN_CPU_KV_BYTES_PER_THREAD is bad."""
+    if package is None:
+        return None
+    try:
+        return package.cpu_threading()
+    except ValueError as exc:
+        return {"error": str(exc)}
 
 
 def _import(name: str):
@@ -149,6 +160,7 @@ def detect() -> Detection:
         cpu_capability=torch.backends.cpu.get_cpu_capability(),
         cpu_kernel=_cpu_kernel(package),
         cpu_kernel_variants=package.cpu_kernel_variants() if package is not None else [],
+        cpu_threading=_cpu_threading(package),
         extension_loaded=ext is not None,
         extension_error=ext_error,
         extension_path=_extension_path(ext) if ext else "",
@@ -305,12 +317,19 @@ def _describe_build(build: dict) -> list:
     return lines
 
 
-def _cpu_threads(build: dict) -> str:
-    """How many threads a CPU kernel call runs on: torch's intra-op threads, or one when _C was
-    compiled without OpenMP (at::parallel_for's OpenMP body is inline in ATen's headers)."""
+def _cpu_threads(build: dict, threading: dict) -> str:
+    """How many threads a CPU kernel call runs on: up to torch's intra-op threads, one per
+    threading["min_kv_bytes_per_thread"] of K / V (paged_attention_ext.cpu_threading), or one
+    when _C was compiled without OpenMP (at::parallel_for's OpenMP body is inline in ATen's
+    headers)."""
     if not build["openmp"]:
         return "1: _C was built without OpenMP (its compiler had none; docs/BUILD.md, \"OpenMP\")"
-    return f"{torch.get_num_threads()} (torch.get_num_threads(), OpenMP)"
+    if "error" in threading:
+        return f"{torch.get_num_threads()} (torch.get_num_threads(), OpenMP); error: {threading['error']}"
+    why = ("PAGED_ATTN_CPU_KV_BYTES_PER_THREAD" if threading["forced"] else
+           f"idle OpenMP threads {threading['idle_threads']}: {threading['setting']}")
+    return (f"{torch.get_num_threads()} (torch.get_num_threads(), OpenMP); a call wakes one per "
+            f"{threading['min_kv_bytes_per_thread'] / 1024:g} KiB of K/V ({why})")
 
 
 def describe(det: Detection) -> list:
@@ -344,7 +363,7 @@ def describe(det: Detection) -> list:
                     for name, ok, why in det.cpu_kernel_variants]
         lines.append(("CPU kernel variants", ", ".join(variants) +
                       "  [PAGED_ATTN_CPU_KERNEL=<name> forces one]"))
-        lines.append(("CPU kernel threads", _cpu_threads(build)))
+        lines.append(("CPU kernel threads", _cpu_threads(build, det.cpu_threading)))
     if cuda:
         archs = ", ".join(det.cuda_archs) or "archs unknown"
         usable = [g for g in det.gpus if g.match is None or g.match.runs]

@@ -50,6 +50,20 @@ def _cpu_kernel() -> str:
     return name
 
 
+def _cpu_threads_rule() -> str:
+    """How many threads a CPU call of our kernel wakes (paged_attention_ext.cpu_threading)."""
+    import paged_attention_ext
+
+    try:
+        t = paged_attention_ext.cpu_threading()
+    except ValueError as exc:
+        return f"error: {exc}"
+    if t is None:
+        return "no compiled kernel"
+    return (f"one per {t['min_kv_bytes_per_thread'] / 1024:g} KiB of K/V "
+            + ("(forced)" if t["forced"] else f"(idle threads {t['idle_threads']})"))
+
+
 def machine_info(device: str) -> dict:
     info = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -60,6 +74,7 @@ def machine_info(device: str) -> dict:
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu_kernel": _cpu_kernel(),
         "omp_wait_policy": omp_wait_policy_at_start(),
+        "cpu_threads_rule": _cpu_threads_rule(),
         "device": device,
         "op_backend": op_backend_name(device),
     }

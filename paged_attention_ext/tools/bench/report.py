@@ -73,7 +73,8 @@ def header_lines(data: dict) -> list:
     return [
         f"{m['date']}  {where}  torch {m['torch']}  threads {m['torch_threads']}  "
         f"torch SIMD {m['cpu_capability']}  our CPU kernel {m.get('cpu_kernel', '?')}  "
-        f"OMP_WAIT_POLICY={m['omp_wait_policy']}",
+        f"OMP_WAIT_POLICY={m['omp_wait_policy']}  CPU kernel threads "
+        f"{m.get('cpu_threads_rule', '?')}",
         f"device {c['device']}  dtype {c['dtype']}  kv_cache_dtype {c['kv_cache_dtype']}  "
         f"kv_layout {c.get('kv_layout', 'vllm')}  "
         + (f"blocksparse {c['blocksparse']}  " if c.get("blocksparse") else "") +
