@@ -215,8 +215,8 @@ def reshape_and_cache_flash(key: torch.Tensor, value: torch.Tensor, key_cache: t
     are padding; slot = block * block_size + offset; negative slots are skipped)."""
     key_cache, value_cache = _nhd_views("reshape_and_cache_flash", key_cache, value_cache,
                                         kv_layout)
-    torch.ops.paged_attn.reshape_and_cache_flash(key, value, key_cache, value_cache,
-                                                 slot_mapping, kv_cache_dtype, k_scale, v_scale)
+    op_args.overload("reshape_and_cache_flash", k_scale, v_scale)(
+        key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale)
 
 
 def allocate_paged_kv_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,

@@ -93,9 +93,22 @@ def with_scratch(args, exp_sums, max_logits, tmp_out):
     return V2Args(**args._asdict(), exp_sums=exp_sums, max_logits=max_logits, tmp_out=tmp_out)
 
 
+def overload(op, k_scale=1.0, v_scale=1.0):
+    """The overload of torch.ops.paged_attn.<op> that torch.ops would pick for these scales,
+    named directly: `.scale_tensor` for two tensors, the default one for two numbers, else the
+    packet itself (torch resolves mixed scales). Through the packet, a call with float scales
+    first fails to match the tensor overload (schemas.py), which costs more than the call."""
+    packet = getattr(getattr(torch.ops, schemas.LIBRARY), op)
+    tensors = isinstance(k_scale, torch.Tensor) + isinstance(v_scale, torch.Tensor)
+    if tensors == 2:
+        return getattr(packet, schemas.TENSOR_SCALES_OVERLOAD)
+    return packet.default if tensors == 0 else packet
+
+
 def call_op(op, args):
-    """torch.ops.paged_attn.<op>(*args): the dispatcher picks the overload and the backend."""
-    return getattr(getattr(torch.ops, schemas.LIBRARY), op)(*args)
+    """torch.ops.paged_attn.<op>(*args), args a record of ARGS[op]: its overload for args'
+    scales (overload), then the dispatcher picks the backend."""
+    return overload(op, args.k_scale, args.v_scale)(*args)
 
 
 def signature(op, record=None):

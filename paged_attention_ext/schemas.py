@@ -8,10 +8,14 @@ holds them (a stale build would not). Each op has a `.scale_tensor` overload (k_
 v_scale as 1-element float32 tensors, read on the device: no host sync) and a default overload
 (Python floats). ORDER MATTERS: torch.ops overload resolution takes the first schema that
 matches, and a 0-dim tensor given to a `float` argument silently converts through __float__
-(a host sync), so the tensor overload is listed, and registered, first.
+(a host sync), so the tensor overload is listed, and registered, first. That order has a
+price: a call with float scales through the packet (`torch.ops.paged_attn.v1(...)`) first fails to
+match the tensor overload, ~20 us here against ~6 us for the whole call of `.default`, so the
+package's own callers name the overload (op_args.overload).
 """
 
 LIBRARY = "paged_attn"
+TENSOR_SCALES_OVERLOAD = "scale_tensor"  # each op's overload with k_scale / v_scale tensors
 
 # Arguments shared by v1 and v2 after their outputs.
 _ATTN_ARGS = (
@@ -39,16 +43,17 @@ _DECODE_ARGS = (
 )
 
 # (name with overload, schema after the name), in registration order.
+_T = TENSOR_SCALES_OVERLOAD
 SCHEMAS = (
-    ("v1.scale_tensor", f"({_V1_OUT}, {_ATTN_ARGS}, {_SCALES_TENSOR}, {_BLOCKSPARSE_ARGS}) -> ()"),
+    (f"v1.{_T}", f"({_V1_OUT}, {_ATTN_ARGS}, {_SCALES_TENSOR}, {_BLOCKSPARSE_ARGS}) -> ()"),
     ("v1", f"({_V1_OUT}, {_ATTN_ARGS}, {_SCALES_FLOAT}, {_BLOCKSPARSE_ARGS}) -> ()"),
-    ("v2.scale_tensor", f"({_V2_OUT}, {_ATTN_ARGS}, {_SCALES_TENSOR}, {_BLOCKSPARSE_ARGS}) -> ()"),
+    (f"v2.{_T}", f"({_V2_OUT}, {_ATTN_ARGS}, {_SCALES_TENSOR}, {_BLOCKSPARSE_ARGS}) -> ()"),
     ("v2", f"({_V2_OUT}, {_ATTN_ARGS}, {_SCALES_FLOAT}, {_BLOCKSPARSE_ARGS}) -> ()"),
-    ("reshape_and_cache.scale_tensor", f"({_CACHE_ARGS}, {_SCALES_TENSOR}) -> ()"),
+    (f"reshape_and_cache.{_T}", f"({_CACHE_ARGS}, {_SCALES_TENSOR}) -> ()"),
     ("reshape_and_cache", f"({_CACHE_ARGS}, {_SCALES_FLOAT}) -> ()"),
-    ("decode.scale_tensor", f"({_DECODE_ARGS}, {_SCALES_TENSOR}) -> ()"),
+    (f"decode.{_T}", f"({_DECODE_ARGS}, {_SCALES_TENSOR}) -> ()"),
     ("decode", f"({_DECODE_ARGS}, {_SCALES_FLOAT}) -> ()"),
-    ("reshape_and_cache_flash.scale_tensor", f"({_CACHE_ARGS}, {_SCALES_TENSOR}) -> ()"),
+    (f"reshape_and_cache_flash.{_T}", f"({_CACHE_ARGS}, {_SCALES_TENSOR}) -> ()"),
     ("reshape_and_cache_flash", f"({_CACHE_ARGS}, {_SCALES_FLOAT}) -> ()"),
 )
 

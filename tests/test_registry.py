@@ -12,7 +12,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import paged_attention_ext as pa
-from paged_attention_ext import reference, schemas
+from paged_attention_ext import op_args, reference, schemas
 from paged_attention_ext.tools import testing
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,6 +57,33 @@ def test_scale_argument_picks_overload(scale_as_tensor, expected):
     expected_outputs = testing.call_v2(reference.paged_attention_v2, inputs,
                                        testing.alloc_v2_outputs(inputs))
     testing.assert_v2_matches(outputs, expected_outputs, inputs.seq_lens_list, inputs.dtype)
+
+
+@pytest.mark.parametrize("scale_as_tensor", [False, True])
+def test_call_op_names_the_overload_torch_ops_picks(scale_as_tensor):
+    # op_args.overload skips torch.ops' search (for float scales a failed match of the tensor
+    # overload first); it must land where the search would.
+    inputs = testing.make_attention_inputs(2, 4, 2, 64, 16, [17, 40], kv_cache_dtype="fp8",
+                                           scale_as_tensor=scale_as_tensor, seed=1)
+    picked = []
+    for call in (lambda o: testing.call_v2(torch.ops.paged_attn.v2, inputs, o),
+                 lambda o: op_args.call_op("v2", op_args.V2Args(
+                     *o, *testing._attention_args(inputs)))):
+        with _RecordOverloads() as mode:
+            call(testing.alloc_v2_outputs(inputs))
+        picked.append(mode.called)
+    assert picked[0] == picked[1] == [schemas.TENSOR_SCALES_OVERLOAD if scale_as_tensor
+                                      else "default"]
+
+
+def test_overload_is_named_unless_scales_are_mixed():
+    one = torch.ones(1)
+    for op in schemas.OP_NAMES:
+        packet = getattr(torch.ops.paged_attn, op)
+        assert op_args.overload(op) is packet.default
+        assert op_args.overload(op, 2.0, 0.5) is packet.default
+        assert op_args.overload(op, one, one) is getattr(packet, schemas.TENSOR_SCALES_OVERLOAD)
+        assert op_args.overload(op, one, 1.0) is packet  # torch resolves a mixed call
 
 
 def test_pytorch_implementation_serves_without_extension():

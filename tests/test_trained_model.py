@@ -27,6 +27,7 @@ import os
 
 import pytest
 import torch
+from op_calls import OpCalls
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 pytest.importorskip("gguf", reason="gguf is not installed (transformers' GGUF loader needs it)")
@@ -113,27 +114,12 @@ def _assert_same_tokens(ours, reference):
             f"near-tie below {tie}); ours {got}, transformers {want}")
 
 
-class _OpCalls:
-    """Counts the calls to torch.ops.paged_attn.<name> (continuous batching runs the model on a
-    thread of its own: a thread-local dispatch mode would not see them)."""
-
-    def __init__(self, monkeypatch, name):
-        self.count = 0
-        op = getattr(torch.ops.paged_attn, name)
-
-        def counted(*args, **kwargs):
-            self.count += 1
-            return op(*args, **kwargs)
-
-        monkeypatch.setattr(torch.ops.paged_attn, name, counted)
-
-
 def test_greedy_loop_on_a_paged_cache_matches_transformers(paged_ops, monkeypatch):
     model, prompts = _model_and_prompts()
     reference = _transformers_generate(model, prompts)
     paged = copy.deepcopy(model)
     paged.set_attn_implementation(paged_tf.ATTN_IMPLEMENTATION)
-    v1, v2 = _OpCalls(monkeypatch, "v1"), _OpCalls(monkeypatch, "v2")
+    v1, v2 = OpCalls(monkeypatch, "v1"), OpCalls(monkeypatch, "v2")
     ours = paged_tf.generate_greedy(paged, prompts, NEW_TOKENS, seed=11, poison=True)
     _assert_same_tokens(ours.tokens.tolist(), reference)
     # Every decode step of every layer in the ops: v2 for the batch with the long row.
@@ -148,7 +134,7 @@ def test_continuous_batching_matches_transformers(paged_ops, monkeypatch):
     reference = _transformers_generate(model, prompts)
     batching = copy.deepcopy(model)
     batching.set_attn_implementation(tcb.CONTINUOUS_BATCHING)
-    decodes = _OpCalls(monkeypatch, "decode")
+    decodes = OpCalls(monkeypatch, "decode")
     config = transformers.ContinuousBatchingConfig(page_size=16, num_blocks=128)
     results = batching.generate_batch(
         [p.tolist() for p in prompts], continuous_batching_config=config, progress_bar=False,

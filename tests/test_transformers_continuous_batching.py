@@ -18,6 +18,7 @@ import copy
 
 import pytest
 import torch
+from op_calls import OpCalls
 
 transformers = pytest.importorskip(
     "transformers", reason="transformers is not installed (optional: pip install "
@@ -86,21 +87,6 @@ def _generate_batch(model, prompts, max_batch_tokens, attn_implementation):
     return [list(results[request_id].generated_tokens) for request_id in order]
 
 
-class _OpCalls:
-    """Records the calls to torch.ops.paged_attn.<name> (generate_batch runs the model on a
-    thread of its own, so a thread-local dispatch mode would not see them)."""
-
-    def __init__(self, monkeypatch, name, record):
-        self.calls = []
-        op = getattr(torch.ops.paged_attn, name)
-
-        def counted(*args, **kwargs):
-            self.calls.append(record(*args))
-            return op(*args, **kwargs)
-
-        monkeypatch.setattr(torch.ops.paged_attn, name, counted)
-
-
 def _decode_record(out, query, key_cache, value_cache, block_tables, seq_lens, *rest):
     return {"seq_lens": sorted(seq_lens.tolist()), "key_cache": key_cache,
             "value_cache": value_cache}
@@ -114,8 +100,8 @@ def _write_record(key, value, key_cache, value_cache, slot_mapping, *rest):
 def test_decode_steps_run_through_the_op_on_transformers_cache(paged_ops, name, monkeypatch):
     model, prompts = _model(name), _prompts()
     reference = _generate_reference(model, prompts)
-    decodes = _OpCalls(monkeypatch, "decode", _decode_record)
-    writes = _OpCalls(monkeypatch, "reshape_and_cache_flash", _write_record)
+    decodes = OpCalls(monkeypatch, "decode", _decode_record)
+    writes = OpCalls(monkeypatch, "reshape_and_cache_flash", _write_record)
 
     # A batch budget above the prompts' total: one prefill batch, then decode-only batches.
     tokens = _generate_batch(model, prompts, 1024, CONTINUOUS_BATCHING)
@@ -145,7 +131,7 @@ def test_decode_steps_run_through_the_op_on_transformers_cache(paged_ops, name, 
 @pytest.mark.parametrize("name", list(GEOMETRIES))
 def test_chunked_prefill_and_mixed_batches(paged_ops, name, monkeypatch):
     model, prompts = _model(name), _prompts()
-    decodes = _OpCalls(monkeypatch, "decode", _decode_record)
+    decodes = OpCalls(monkeypatch, "decode", _decode_record)
     # 64 tokens per batch: the long prompts are prefilled in chunks, next to decode tokens.
     tokens = _generate_batch(model, prompts, 64, CONTINUOUS_BATCHING)
     assert tokens == _generate_reference(model, prompts)
@@ -170,7 +156,7 @@ def test_prefix_sharing(paged_ops, monkeypatch):
         return matched[-1]
 
     monkeypatch.setattr(PagedAttentionCache, "search_prefix_match", recorded_search)
-    decodes = _OpCalls(monkeypatch, "decode", _decode_record)
+    decodes = OpCalls(monkeypatch, "decode", _decode_record)
     assert _generate_batch(model, prompts, 40, CONTINUOUS_BATCHING) == _generate_reference(
         model, prompts)
     assert max(matched) >= 4 * PAGE_SIZE, f"no prefix shared: {matched}"
@@ -200,7 +186,7 @@ def test_sliding_window_model(paged_ops, max_batch_tokens, monkeypatch):
     """transformers keeps sliding-window models off the block-table path: every step is
     flash_attn_varlen_func's, with the window applied; tokens are generate()'s."""
     model, prompts = _sliding_window_model(), _prompts()[:3]
-    decodes = _OpCalls(monkeypatch, "decode", _decode_record)
+    decodes = OpCalls(monkeypatch, "decode", _decode_record)
     assert (_generate_batch(model, prompts, max_batch_tokens, CONTINUOUS_BATCHING)
             == _generate_reference(model, prompts))
     assert decodes.calls == []
@@ -209,7 +195,7 @@ def test_sliding_window_model(paged_ops, max_batch_tokens, monkeypatch):
 def test_other_implementations_unchanged(paged_ops, monkeypatch):
     """sdpa continuous batching still runs transformers' own path (no call to our ops)."""
     model, prompts = _model("gqa"), _prompts()[:2]
-    decodes = _OpCalls(monkeypatch, "decode", _decode_record)
+    decodes = OpCalls(monkeypatch, "decode", _decode_record)
     assert _generate_batch(model, prompts, 1024, "sdpa") == _generate_reference(model, prompts)
     assert decodes.calls == []
 

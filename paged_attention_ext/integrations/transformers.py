@@ -76,8 +76,9 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     # token order (sequence-major) matches paged_step.slot_mapping.
     new_keys = key.transpose(1, 2).reshape(-1, num_kv_heads, head_size)
     new_values = value.transpose(1, 2).reshape(-1, num_kv_heads, head_size)
-    torch.ops.paged_attn.reshape_and_cache(new_keys, new_values, key_cache, value_cache,
-                                           paged_step.slot_mapping, "auto", 1.0, 1.0)
+    # .default named: through the packet a float-scale call first fails to match .scale_tensor
+    torch.ops.paged_attn.reshape_and_cache.default(new_keys, new_values, key_cache, value_cache,
+                                                   paged_step.slot_mapping, "auto", 1.0, 1.0)
     if q_len == 1:
         out = _decode(query[:, :, 0, :], key_cache, value_cache, num_kv_heads, scale, paged_step)
         return out.unsqueeze(1), None

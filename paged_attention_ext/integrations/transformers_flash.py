@@ -139,14 +139,15 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     safe_positions = positions.clamp(min=0)
     pages = block_table[:num_seqs].gather(1, (safe_positions // page_size)[:, None])[:, 0].long()
     slot_mapping = torch.where(valid, pages * page_size + safe_positions % page_size, -1)
-    torch.ops.paged_attn.reshape_and_cache_flash(k[:num_seqs, 0], v[:num_seqs, 0], k_cache,
-                                                 v_cache, slot_mapping)
+    # .default named: through the packet a float-scale call first fails to match .scale_tensor
+    torch.ops.paged_attn.reshape_and_cache_flash.default(k[:num_seqs, 0], v[:num_seqs, 0],
+                                                         k_cache, v_cache, slot_mapping)
 
     seq_lens = torch.where(valid, positions + 1, 0).to(torch.int32)
     query = q[:num_seqs, 0]  # [num_seqs, num_heads, d]
     if query.stride(-1) != 1:
         query = query.contiguous()
     out = q.new_zeros(q.shape[0], *q.shape[2:])  # [all rows, num_heads, d]
-    torch.ops.paged_attn.decode(out[:num_seqs], query, k_cache, v_cache,
-                                block_table[:num_seqs].int(), seq_lens, scale, None)
+    torch.ops.paged_attn.decode.default(out[:num_seqs], query, k_cache, v_cache,
+                                        block_table[:num_seqs].int(), seq_lens, scale, None)
     return out[:, None]
