@@ -74,37 +74,23 @@ PA_HOST_DEVICE float decode_small_float(uint8_t byte, bool ieee_specials) {
 PA_HOST_DEVICE float e4m3_to_float(uint8_t byte) { return decode_small_float<4, 3, 7>(byte, false); }
 PA_HOST_DEVICE float e5m2_to_float(uint8_t byte) { return decode_small_float<5, 2, 15>(byte, true); }
 
-// Round |x| (given as float bits without sign, not NaN, at most the format's max) to the format
-// with M mantissa bits and bias B, nearest-even. Returns the code without the sign bit.
+// Round |x| (given as float bits without sign, not NaN, below the format's saturation bound) to
+// the format with M mantissa bits and bias B, nearest-even. Returns the code without the sign
+// bit. Branch-free, so that loops of encodes vectorize (the CPU cache writes):
+//   normal in the target (|x| >= 2^(1 - B)): integer round-to-nearest-even on the float's bits
+//     (add half a target ulp minus one, plus the lowest kept bit; a carry into the exponent is
+//     correct), then rebias the exponent;
+//   below: |x| + 2^(23 + 1 - B - M) in fp32 rounds |x| to a multiple of the smallest subnormal
+//     2^(1 - B - M), to nearest-even by the FPU, and the sum's bits minus the constant's count
+//     those units: the subnormal code (2^M units, the smallest normal, is its code too).
 template <int M, int B>
 PA_HOST_DEVICE uint32_t round_magnitude(uint32_t a) {
-  const int min_normal_exp = 1 - B;  // unbiased
-  const int fexp = static_cast<int>(a >> 23);  // biased float exponent (0: float subnormal)
-  if (fexp - 127 >= min_normal_exp) {
-    // normal in the target: drop 23 - M mantissa bits with RNE, then rebias the exponent.
-    const int shift = 23 - M;
-    uint32_t r = a >> shift;
-    const uint32_t rem = a & ((1u << shift) - 1u);
-    const uint32_t half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (r & 1u))) ++r;  // a carry into the exponent is correct
-    return r - (static_cast<uint32_t>(127 - B) << M);
-  }
-  // subnormal in the target: the value in units of the smallest subnormal 2^(1 - B - M) is
-  // mant * 2^(fexp - 150 - (1 - B - M)); shift right with RNE.
-  uint32_t mant = a & 0x7FFFFFu;
-  int e = fexp;
-  if (e == 0) {
-    e = 1;  // float subnormal
-  } else {
-    mant |= 0x800000u;
-  }
-  const int shift = (1 - B - M) + 150 - e;  // >= 1 here
-  if (shift > 25) return 0u;                // below half the smallest subnormal
-  uint32_t r = mant >> shift;
-  const uint32_t rem = mant & ((1u << shift) - 1u);
-  const uint32_t half = 1u << (shift - 1);
-  if (rem > half || (rem == half && (r & 1u))) ++r;  // may round up to the smallest normal
-  return r;
+  constexpr int kShift = 23 - M;
+  const uint32_t normal = ((a + ((1u << (kShift - 1)) - 1u) + ((a >> kShift) & 1u)) >> kShift) -
+                          (static_cast<uint32_t>(127 - B) << M);
+  constexpr uint32_t kUnitsBias = static_cast<uint32_t>(127 + 23 + 1 - B - M) << 23;
+  const uint32_t subnormal = float_to_bits(bits_to_float(a) + bits_to_float(kUnitsBias)) - kUnitsBias;
+  return a >= (static_cast<uint32_t>(127 + 1 - B) << 23) ? normal : subnormal;
 }
 
 // float -> e4m3fn byte, saturating to +-448; NaN -> 0x7F | sign.
@@ -112,9 +98,10 @@ PA_HOST_DEVICE uint8_t float_to_e4m3(float x) {
   const uint32_t u = float_to_bits(x);
   const uint32_t sign = (u >> 24) & 0x80u;
   const uint32_t a = u & 0x7FFFFFFFu;
-  if (a > 0x7F800000u) return static_cast<uint8_t>(sign | 0x7Fu);  // NaN
-  if (a >= 0x43E00000u) return static_cast<uint8_t>(sign | 0x7Eu);  // >= 448 (inf too): max
-  return static_cast<uint8_t>(sign | round_magnitude<3, 7>(a));
+  const uint32_t code = a > 0x7F800000u   ? 0x7Fu                       // NaN
+                        : a >= 0x43E00000u ? 0x7Eu                      // >= 448 (inf too): max
+                                           : round_magnitude<3, 7>(a);
+  return static_cast<uint8_t>(sign | code);
 }
 
 // float -> e5m2 byte, saturating to +-57344; NaN -> 0x7F | sign.
@@ -122,9 +109,10 @@ PA_HOST_DEVICE uint8_t float_to_e5m2(float x) {
   const uint32_t u = float_to_bits(x);
   const uint32_t sign = (u >> 24) & 0x80u;
   const uint32_t a = u & 0x7FFFFFFFu;
-  if (a > 0x7F800000u) return static_cast<uint8_t>(sign | 0x7Fu);  // NaN
-  if (a >= 0x47600000u) return static_cast<uint8_t>(sign | 0x7Bu);  // >= 57344 (inf too): max
-  return static_cast<uint8_t>(sign | round_magnitude<2, 15>(a));
+  const uint32_t code = a > 0x7F800000u   ? 0x7Fu                       // NaN
+                        : a >= 0x47600000u ? 0x7Bu                      // >= 57344 (inf too): max
+                                           : round_magnitude<2, 15>(a);
+  return static_cast<uint8_t>(sign | code);
 }
 
 }  // namespace fp8
