@@ -24,6 +24,8 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout
+
 POLICY_ENV = {"default": None, "passive": "PASSIVE", "active": "ACTIVE"}
 FORCE = "PAGED_ATTN_CPU_KV_BYTES_PER_THREAD"
 HEADS, KV_HEADS, HEAD, BLOCK = 32, 8, 128, 16

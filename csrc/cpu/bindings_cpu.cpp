@@ -16,22 +16,28 @@ namespace paged_attn {
 namespace cpu {
 namespace {
 
+// The K / V bytes per thread of this call (threads_per_call.h); a bad
+// PAGED_ATTN_CPU_KV_BYTES_PER_THREAD is a ValueError.
+int64_t bytes_per_thread(const char* op) {
+  std::string error;
+  const int64_t min_bytes = min_kv_bytes_per_thread(&error);
+  TORCH_CHECK_VALUE(min_bytes > 0, "paged_attn.", op, ": ", error);
+  return min_bytes;
+}
+
 // v1, v2 and decode.
 void attention(const char* op, const PagedAttentionParams& p, bool is_v2, c10::Device) {
   check_attention_data(op, p, is_v2);
   std::string choice_error;
   const KernelVariant* variant = choose_variant(&choice_error);
   TORCH_CHECK_VALUE(variant != nullptr, "paged_attn.", op, ": ", choice_error);
-  std::string threads_error;
-  const int64_t min_bytes = min_kv_bytes_per_thread(&threads_error);
-  TORCH_CHECK_VALUE(min_bytes > 0, "paged_attn.", op, ": ", threads_error);
-  paged_attention(p, is_v2, variant->run, min_bytes);
+  paged_attention(p, is_v2, variant->run, bytes_per_thread(op));
 }
 
 // reshape_and_cache and reshape_and_cache_flash.
 void cache(const char* op, const ReshapeAndCacheParams& p, c10::Device) {
   check_cache_data(op, p);
-  reshape_and_cache(p);
+  reshape_and_cache(p, bytes_per_thread(op));
 }
 
 }  // namespace

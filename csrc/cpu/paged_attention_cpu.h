@@ -16,8 +16,9 @@ namespace cpu {
 void paged_attention(const PagedAttentionParams& p, bool is_v2, PartitionKernel kernel,
                      int64_t min_kv_bytes_per_thread);
 
-// reshape_and_cache / reshape_and_cache_flash on checked params (slots in range).
-void reshape_and_cache(const ReshapeAndCacheParams& p);
+// reshape_and_cache / reshape_and_cache_flash on checked params (slots in range), on one thread
+// per min_bytes_per_thread of K / V written (threads_per_call.h), at most torch's.
+void reshape_and_cache(const ReshapeAndCacheParams& p, int64_t min_bytes_per_thread);
 
 }  // namespace cpu
 }  // namespace paged_attn

@@ -1,11 +1,12 @@
-// threads_per_call.h — how many OpenMP threads one CPU attention call wakes: one per
-// min_kv_bytes_per_thread() of the K / V it reads (at most torch's thread count). What a thread
-// costs depends on what idle OpenMP threads do between parallel regions:
-//   spin   (libgomp's and LLVM libomp's default, OMP_WAIT_POLICY=active): a few microseconds,
-//          so even a 64 KiB call gains from a second thread;
+// threads_per_call.h — how many OpenMP threads one CPU call wakes: one per
+// min_kv_bytes_per_thread() of the K / V it reads (attention) or writes (reshape_and_cache,
+// _flash), at most torch's thread count. What a thread costs depends on what idle OpenMP
+// threads do between parallel regions:
+//   spin   (libgomp's and LLVM libomp's default, OMP_WAIT_POLICY=active): a microsecond or two,
+//          and a second thread paid from about 512 KiB (0.6-0.8x the time; 256 KiB: even);
 //   sleep  (OMP_WAIT_POLICY=passive, GOMP_SPINCOUNT=0, KMP_BLOCKTIME=0): a futex wake-up and a
 //          scheduler decision, 10-50 us on an idle core and a time slice on a busy one, so a
-//          second thread only pays for itself beyond a few MiB.
+//          second thread only paid from 4-8 MiB.
 // PAGED_ATTN_CPU_KV_BYTES_PER_THREAD=<bytes> sets the minimum instead (read on every call).
 // docs/CPU_KERNEL.md, "Threads per call", has the measurements; scripts/bench_threads.py repeats
 // them on any machine.
