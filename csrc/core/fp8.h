@@ -89,7 +89,8 @@ PA_HOST_DEVICE uint32_t round_magnitude(uint32_t a) {
   const uint32_t normal = ((a + ((1u << (kShift - 1)) - 1u) + ((a >> kShift) & 1u)) >> kShift) -
                           (static_cast<uint32_t>(127 - B) << M);
   constexpr uint32_t kUnitsBias = static_cast<uint32_t>(127 + 23 + 1 - B - M) << 23;
-  const uint32_t subnormal = float_to_bits(bits_to_float(a) + bits_to_float(kUnitsBias)) - kUnitsBias;
+  const uint32_t subnormal =
+      float_to_bits(bits_to_float(a) + bits_to_float(kUnitsBias)) - kUnitsBias;
   return a >= (static_cast<uint32_t>(127 + 1 - B) << 23) ? normal : subnormal;
 }
 

@@ -140,7 +140,8 @@ void paged_attention(const PagedAttentionParams& p, bool is_v2, PartitionKernel 
 
   const size_t scratch_floats = kernel_scratch_floats(p);
   const int64_t n_tasks = static_cast<int64_t>(tasks.size());
-  at::parallel_for(0, n_tasks, task_grain(p, n_tasks, min_kv_bytes_per_thread), [&](int64_t begin, int64_t end) {
+  const int64_t grain = task_grain(p, n_tasks, min_kv_bytes_per_thread);
+  at::parallel_for(0, n_tasks, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> scratch(scratch_floats);
     for (int64_t i = begin; i < end; ++i)
       kernel(p, in, tasks[i], i + 1 < end ? &tasks[i + 1] : nullptr, scratch.data());

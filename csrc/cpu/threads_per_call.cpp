@@ -11,6 +11,7 @@ namespace {
 
 constexpr int64_t kMinKvBytesPerSpinningThread = 256 << 10;
 constexpr int64_t kMinKvBytesPerSleepingThread = 4 << 20;
+constexpr const char* kForceVariable = "PAGED_ATTN_CPU_KV_BYTES_PER_THREAD";
 
 std::string trimmed_lower(const char* value) {
   std::string s;
@@ -50,8 +51,6 @@ const IdleThreadPolicy& idle_thread_policy() {
   static const IdleThreadPolicy policy = read_policy();
   return policy;
 }
-
-constexpr const char* kForceVariable = "PAGED_ATTN_CPU_KV_BYTES_PER_THREAD";
 
 int64_t min_kv_bytes_per_thread(std::string* error) {
   if (const char* raw = std::getenv(kForceVariable)) {

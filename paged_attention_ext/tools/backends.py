@@ -324,11 +324,12 @@ def _cpu_threads(build: dict, threading: dict) -> str:
     headers)."""
     if not build["openmp"]:
         return "1: _C was built without OpenMP (its compiler had none; docs/BUILD.md, \"OpenMP\")"
+    threads = f"{torch.get_num_threads()} (torch.get_num_threads(), OpenMP)"
     if "error" in threading:
-        return f"{torch.get_num_threads()} (torch.get_num_threads(), OpenMP); error: {threading['error']}"
+        return f"{threads}; error: {threading['error']}"
     why = ("PAGED_ATTN_CPU_KV_BYTES_PER_THREAD" if threading["forced"] else
            f"idle OpenMP threads {threading['idle_threads']}: {threading['setting']}")
-    return (f"{torch.get_num_threads()} (torch.get_num_threads(), OpenMP); a call wakes one per "
+    return (f"{threads}; a call wakes one per "
             f"{threading['min_kv_bytes_per_thread'] / 1024:g} KiB of K/V ({why})")
 
 
