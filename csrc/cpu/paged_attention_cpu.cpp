@@ -23,6 +23,7 @@
 #include "../core/compound_state.h"
 #include "attention_kernel.h"
 #include "cache_element.h"
+#include "threads_per_call.h"
 
 namespace paged_attn {
 namespace cpu {
@@ -36,15 +37,12 @@ float cache_scale(const PagedAttentionParams& p, const float* ptr, float value) 
   return ptr != nullptr ? *ptr : value;
 }
 
-// Work items per thread at least: enough that each thread reads min_bytes of K / V
-// (threads_per_call.h). Below that the whole call runs in the calling thread.
-int64_t task_grain(const PagedAttentionParams& p, int64_t n_tasks, int64_t min_bytes) {
+// K and V bytes the call reads.
+int64_t kv_bytes(const PagedAttentionParams& p) {
   int64_t tokens = 0;
   for (int s = 0; s < p.num_seqs; ++s) tokens += p.seq_lens[s];
-  const int64_t element_bytes = cache_element_bytes(p.scalar_kind, p.cache_kind);
-  const int64_t bytes = 2 * tokens * p.num_kv_heads * p.head_size * element_bytes;  // K and V
-  if (bytes <= 0) return std::max<int64_t>(n_tasks, 1);
-  return std::max<int64_t>(1, (n_tasks * min_bytes + bytes - 1) / bytes);
+  return 2 * tokens * p.num_kv_heads * p.head_size *
+         cache_element_bytes(p.scalar_kind, p.cache_kind);
 }
 
 // q [num_seqs * num_heads, head_size] = the query (any seq / head strides, storage tag F32, F16
@@ -140,7 +138,7 @@ void paged_attention(const PagedAttentionParams& p, bool is_v2, PartitionKernel 
 
   const size_t scratch_floats = kernel_scratch_floats(p);
   const int64_t n_tasks = static_cast<int64_t>(tasks.size());
-  const int64_t grain = task_grain(p, n_tasks, min_kv_bytes_per_thread);
+  const int64_t grain = items_per_thread(n_tasks, kv_bytes(p), min_kv_bytes_per_thread);
   at::parallel_for(0, n_tasks, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> scratch(scratch_floats);
     for (int64_t i = begin; i < end; ++i)

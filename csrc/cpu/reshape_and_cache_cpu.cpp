@@ -11,12 +11,12 @@
 // element-at-a-time version wrote 0.5 GB/s, 15x below torch's index_copy_).
 #include <ATen/Parallel.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "../core/fp8.h"
 #include "cache_element.h"
 #include "paged_attention_cpu.h"
+#include "threads_per_call.h"
 
 namespace paged_attn {
 namespace cpu {
@@ -48,15 +48,6 @@ inline void write_row(const Convert& convert, const typename Convert::storage* s
     for (int64_t i = 0; i < chunk; ++i) dst[i] = convert(src[i]);
 }
 
-// Tokens per thread at least: min_bytes of K and V written (threads_per_call.h).
-int64_t token_grain(const ReshapeAndCacheParams& p, int64_t min_bytes) {
-  const int64_t bytes_per_token =
-      2 * static_cast<int64_t>(p.num_kv_heads) * p.head_size *
-      cache_element_bytes(p.scalar_kind, p.cache_kind);
-  if (bytes_per_token <= 0) return std::max<int64_t>(p.num_tokens, 1);
-  return std::max<int64_t>(1, (min_bytes + bytes_per_token - 1) / bytes_per_token);
-}
-
 template <typename Convert>
 void write_tokens(const ReshapeAndCacheParams& p, const Convert& key_convert,
                   const Convert& value_convert, int64_t min_bytes) {
@@ -67,7 +58,10 @@ void write_tokens(const ReshapeAndCacheParams& p, const Convert& key_convert,
   auto* key_cache = static_cast<Dst*>(p.key_cache);
   auto* value_cache = static_cast<Dst*>(p.value_cache);
   const int D = p.head_size, bs = p.block_size;
-  at::parallel_for(0, p.num_tokens, token_grain(p, min_bytes), [&](int64_t begin, int64_t end) {
+  const int64_t bytes = 2 * p.num_tokens * p.num_kv_heads * p.head_size *
+                        cache_element_bytes(p.scalar_kind, p.cache_kind);  // K and V written
+  const int64_t grain = items_per_thread(p.num_tokens, bytes, min_bytes);
+  at::parallel_for(0, p.num_tokens, grain, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t slot = p.slot_mapping[t];
       if (slot < 0) continue;  // padding

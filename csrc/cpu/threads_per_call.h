@@ -35,5 +35,13 @@ int64_t min_kv_bytes_per_thread(std::string* error);
 // PAGED_ATTN_CPU_KV_BYTES_PER_THREAD is set.
 bool kv_bytes_per_thread_forced();
 
+// The at::parallel_for grain for `items` that move `bytes` of K / V in all: enough items per
+// thread for min_bytes each (all of them in one thread when there are no bytes).
+inline int64_t items_per_thread(int64_t items, int64_t bytes, int64_t min_bytes) {
+  if (bytes <= 0) return items > 1 ? items : 1;
+  const int64_t grain = (items * min_bytes + bytes - 1) / bytes;
+  return grain > 1 ? grain : 1;
+}
+
 }  // namespace cpu
 }  // namespace paged_attn
