@@ -216,12 +216,59 @@ def _cache_pair(num_blocks, kvh, d, bs, cache_dtype, seed):
     return kc, vc
 
 
+def _prefill_slots(num_tokens, num_blocks, bs, g):
+    """Slots as prefills write them: sequences of consecutive tokens, each starting mid-block and
+    going on into its next block (the first sequence's blocks adjacent in the pool, so its slot
+    numbers run on across a block boundary; the others' blocks shuffled), every 7th token
+    padding (-1). Each block belongs to one sequence: no slot is written twice."""
+    blocks = [0, 1, 2] + (torch.randperm(num_blocks - 3, generator=g) + 3).tolist()
+    slots, first = [], True
+    while len(slots) < num_tokens:
+        block, offset = blocks.pop(0), int(torch.randint(0, bs, (), generator=g))
+        length = int(torch.randint(1, 3 * bs, (), generator=g))
+        if first:  # from block 0's last-but-one slot through block 1 into block 2
+            offset, length, first = bs - 2, bs + 3, False
+        for _ in range(length):
+            if offset == bs:
+                block, offset = blocks.pop(0), 0
+            slots.append(block * bs + offset)
+            offset += 1
+    slots = torch.tensor(slots[:num_tokens])
+    slots[6::7] = -1
+    runs_on = (slots[1:] == slots[:-1] + 1) & (slots[:-1] >= 0)
+    assert runs_on.any() and (runs_on & (slots[1:] % bs == 0)).any()  # across a block boundary
+    return slots
+
+
+CACHE_WRITE_SLOTS = {  # name -> (slots(num_tokens, num_blocks, block_size, generator))
+    "random": lambda n, nb, bs, g: torch.randperm(nb * bs, generator=g)[:n].masked_fill(
+        torch.arange(n) % 4 == 0, -1),  # padding tokens are skipped
+    "prefill": _prefill_slots,
+}
+
+
+@pytest.fixture(params=["one thread", "a thread per token"])
+def cache_write_threads(request, monkeypatch):
+    """The writes on one thread, or split token by token over 4 threads (a run of consecutive
+    slots cut at a thread's boundary)."""
+    if request.param == "one thread":
+        monkeypatch.setenv("PAGED_ATTN_CPU_KV_BYTES_PER_THREAD", str(1 << 40))
+        yield
+        return
+    monkeypatch.setenv("PAGED_ATTN_CPU_KV_BYTES_PER_THREAD", "1")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(4)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("dtype,kv", [(torch.float32, "auto"), (torch.bfloat16, "auto"),
                                       (torch.float16, "auto"), (torch.float32, "fp8"),
                                       (torch.bfloat16, "fp8_e4m3"), (torch.float16, "fp8_e5m2")])
 @pytest.mark.parametrize("scale_as_tensor", [False, True])
-def test_reshape_and_cache_bit_exact(dtype, kv, scale_as_tensor):
-    num_tokens, kvh, d, bs, num_blocks = 37, 2, 48, 5, 11
+@pytest.mark.parametrize("slot_kind", CACHE_WRITE_SLOTS)
+def test_reshape_and_cache_bit_exact(dtype, kv, scale_as_tensor, slot_kind, cache_write_threads):
+    num_tokens, kvh, d, bs, num_blocks = 37, 2, 48, 5, 24
     g = torch.Generator().manual_seed(5)
     # key / value: slices of a fused [rows, (q + k + v) heads * d] tensor (stride(0) > kvh * d)
     # whose last 3 rows are NaN CUDA-graph padding: slot_mapping has num_tokens entries (vLLM)
@@ -231,8 +278,7 @@ def test_reshape_and_cache_bit_exact(dtype, kv, scale_as_tensor):
     fused = fused.to(dtype)
     key = fused[:, 4 * d:(4 + kvh) * d].view(num_tokens + 3, kvh, d)
     value = fused[:, (4 + kvh) * d:].view(num_tokens + 3, kvh, d)
-    slots = torch.randperm(num_blocks * bs, generator=g)[:num_tokens]
-    slots[::4] = -1  # padding tokens are skipped
+    slots = CACHE_WRITE_SLOTS[slot_kind](num_tokens, num_blocks, bs, g)
     cache_dtype = dtype if kv == "auto" else torch.uint8
     kc, vc = _cache_pair(num_blocks, kvh, d, bs, cache_dtype, seed=6)
     k_scale, v_scale = (1.0, 1.0) if kv == "auto" else (0.37, 1.9)
@@ -338,10 +384,11 @@ def _flash_caches(layout, num_blocks, bs, kvh, d, cache_dtype, seed):
                                       (torch.float16, "auto"), (torch.float32, "fp8"),
                                       (torch.bfloat16, "fp8_e4m3"), (torch.float16, "fp8_e5m2")])
 @pytest.mark.parametrize("layout", testing.DECODE_LAYOUTS)
-def test_reshape_and_cache_flash_bit_exact(dtype, kv, layout):
+@pytest.mark.parametrize("slot_kind", CACHE_WRITE_SLOTS)
+def test_reshape_and_cache_flash_bit_exact(dtype, kv, layout, slot_kind, cache_write_threads):
     """key / value with more rows than slot_mapping (vLLM: the rest is padding, never read: NaN
     there), slices of a fused tensor; negative slots skipped; fp8 saturated."""
-    num_rows, num_tokens, kvh, d, bs, num_blocks = 41, 37, 2, 48, 5, 11
+    num_rows, num_tokens, kvh, d, bs, num_blocks = 41, 37, 2, 48, 5, 24
     g = torch.Generator().manual_seed(5)
     fused = torch.randn(num_rows, (4 + 2 * kvh) * d, generator=g) * 30  # fp8 saturates too
     fused[num_tokens:] = float("nan")  # padding rows
@@ -349,8 +396,7 @@ def test_reshape_and_cache_flash_bit_exact(dtype, kv, layout):
     fused = fused.to(dtype)
     key = fused[:, 4 * d:(4 + kvh) * d].view(num_rows, kvh, d)
     value = fused[:, (4 + kvh) * d:].view(num_rows, kvh, d)
-    slots = torch.randperm(num_blocks * bs, generator=g)[:num_tokens]
-    slots[::4] = -1
+    slots = CACHE_WRITE_SLOTS[slot_kind](num_tokens, num_blocks, bs, g)
     kc, vc = _flash_caches(layout, num_blocks, bs, kvh, d, dtype if kv == "auto" else torch.uint8,
                            seed=6)
     for k_scale, v_scale in ((0.37, 1.9), (torch.tensor(0.37), torch.tensor(1.9))):
