@@ -320,6 +320,11 @@ DECODE_CASES = [
     (torch.bfloat16, "fp8_e4m3", 6, 1, 128, 8, [1, 600], False),
     (torch.float16, "fp8_e5m2", 4, 2, 48, 3, [77, 513], False),  # odd block size
     (torch.bfloat16, "fp8_e5m2", 8, 2, 112, 16, [1100, 2], True),
+    # bf16 on avx512-bf16's dot-product QK / PV, every register tile: one head a tile with a
+    # 32-dim chunk past head 96, two heads with head 160 (5 chunks), three with a 8-dim last chunk
+    (torch.bfloat16, "auto", 8, 8, 96, 5, [511, 1030, 2], False),
+    (torch.bfloat16, "auto", 4, 2, 160, 16, [1537, 19], False),
+    (torch.bfloat16, "auto", 6, 2, 72, 3, [77, 600, 1], True),
 ]
 # every case on NHD and HND; the other layouts spread over the cases
 DECODE_PARAMS = [(c, lay) for i, c in enumerate(DECODE_CASES)

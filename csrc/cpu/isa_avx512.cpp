@@ -18,8 +18,10 @@
 #endif
 
 // The bf16 dot-product functions, compiled with AVX512_BF16 too (run only by "avx512-bf16").
-#define PA_AVX512_BF16 \
-  __attribute__((noinline, target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,avx512bf16")))
+#define PA_AVX512_BF16_TARGET "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,avx512bf16"
+#define PA_AVX512_BF16 __attribute__((noinline, target(PA_AVX512_BF16_TARGET)))
+// A piece of a PA_AVX512_BF16 loop (a call would spill its accumulators).
+#define PA_AVX512_BF16_INLINE inline __attribute__((always_inline, target(PA_AVX512_BF16_TARGET)))
 
 namespace paged_attn {
 namespace cpu {
@@ -195,6 +197,70 @@ struct Isa {
     }
   }
 
+  // QK of one block for a bf16 token-major cache: a 32-element vector is 32 dims of one token;
+  // vdpbf16ps sums adjacent dim pairs, so after a token's last dims one vector holds its logit
+  // spread over 16 lanes (the X = 16 form) and 16 of them fold into 16 token sums. JT tokens
+  // per pass (their accumulators in registers), the 16 / JT passes of 16 tokens held for one
+  // fold. qb: [GT][D] bf16 bits of the unscaled query; the sums are scaled by qk_scale. A last
+  // vector of head_size % 32 dims is masked in K and q alike.
+  template <int GT>
+  PA_AVX512_BF16 static void qk_bf16dot_token_major(const uint16_t* kblk, const uint16_t* qb,
+                                                    float qk_scale, const TaskShape& s,
+                                                    float* logits, const char* pf_k,
+                                                    const char* pf_v) {
+    constexpr int JT = GT <= 2 ? 8 : 4;  // GT * JT accumulators + JT K vectors + q: <= 32 zmm
+    const int rows = (s.D + 31) / 32;    // vectors per token
+    const __mmask32 tail_mask =
+        s.D % 32 == 0 ? ~__mmask32(0) : static_cast<__mmask32>((1u << (s.D % 32)) - 1u);
+    TaskShape row_shape = s;
+    row_shape.C = rows;  // the prefetch's share per row() call
+    RowSharePrefetch row_prefetch(pf_k, pf_v, row_shape);
+    const __m512 scale = _mm512_set1_ps(qk_scale);
+    for (int j = 0; j < s.bs; j += 16) {
+      __m512 held[GT][16];
+      for (int t = 0; t < 16; t += JT) {
+        const int ntok = std::min(JT, s.bs - j - t);  // tokens of this pass in the block
+        __m512 acc[GT][JT];
+#pragma GCC unroll 8
+        for (int g = 0; g < GT; ++g)
+#pragma GCC unroll 8
+          for (int jt = 0; jt < JT; ++jt) acc[g][jt] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+        for (int c = 0; ntok > 0 && c < rows; ++c) {
+          if (j == 0 && t == 0) row_prefetch.row();  // spread over this block
+          const __mmask32 m = c + 1 < rows ? ~__mmask32(0) : tail_mask;
+          __m512bh kv[JT];
+#pragma GCC unroll 8
+          for (int jt = 0; jt < JT; ++jt)
+            kv[jt] = (__m512bh)_mm512_maskz_loadu_epi16(
+                jt < ntok ? m : 0, kblk + static_cast<int64_t>(j + t + jt) * s.k_token_stride +
+                                       32 * c);
+#pragma GCC unroll 8
+          for (int g = 0; g < GT; ++g) {
+            const __m512bh qv = (__m512bh)_mm512_maskz_loadu_epi16(m, qb + g * s.D + 32 * c);
+#pragma GCC unroll 8
+            for (int jt = 0; jt < JT; ++jt) acc[g][jt] = _mm512_dpbf16_ps(acc[g][jt], kv[jt], qv);
+          }
+        }
+#pragma GCC unroll 8
+        for (int g = 0; g < GT; ++g)
+#pragma GCC unroll 8
+          for (int jt = 0; jt < JT; ++jt) held[g][t + jt] = acc[g][jt];
+      }
+      const int ntok = std::min(16, s.bs - j);
+#pragma GCC unroll 8
+      for (int g = 0; g < GT; ++g) {
+        __m512 x8[8], x4[4];  // 16 tokens in the x = 8 form, then the x = 4 form
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; ++i) x8[i] = fold16(held[g][2 * i], held[g][2 * i + 1]);
+#pragma GCC unroll 8
+        for (int i = 0; i < 4; ++i) x4[i] = fold8(x8[2 * i], x8[2 * i + 1]);
+        _mm512_mask_storeu_ps(logits + g * s.L + j, lane_mask(0, ntok),
+                              _mm512_mul_ps(sum_x4(x4[0], x4[1], x4[2], x4[3]), scale));
+      }
+    }
+  }
+
   // PV for a bf16 cache: the probabilities rounded to bf16 (as vLLM's P.V in the query dtype;
   // within testing.tolerances) times V; a 256-bit V row piece holds 16 tokens, and vdpbf16ps
   // sums adjacent token pairs into 8 fp32 lanes. pb: [GT] rows of bf16 probabilities, row g at
@@ -232,6 +298,105 @@ struct Isa {
                                           _mm256_hadd_ps(acc[g][dt + 2], acc[g][dt + 3]));
           const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
           _mm_storeu_ps(out + g * out_stride + d0 + dt, _mm_mul_ps(sums, scale));
+        }
+      }
+    }
+  }
+
+  // One token pair of pv_bf16dot_token_major: tokens t and t + 1 at vt (pt: their bf16
+  // probabilities, head stride pstride), or token t alone (!kTwo: t + 1's V and p taken as 0).
+  template <int GT, int CH, bool kTwo>
+  PA_AVX512_BF16_INLINE static void pv_token_pair(const uint16_t* vt, int64_t vstride,
+                                                  const uint16_t* pt, int64_t pstride,
+                                                  const __mmask32 (&m)[CH], __m512 (&lo)[GT][CH],
+                                                  __m512 (&hi)[GT][CH]) {
+#pragma GCC unroll 8
+    for (int c = 0; c < CH; ++c) {
+      const __m512i a = _mm512_maskz_loadu_epi16(m[c], vt + 32 * c);
+      const __m512i b = kTwo ? _mm512_maskz_loadu_epi16(m[c], vt + vstride + 32 * c)
+                             : _mm512_setzero_si512();
+      const __m512bh pair_lo = (__m512bh)_mm512_unpacklo_epi16(a, b);
+      const __m512bh pair_hi = (__m512bh)_mm512_unpackhi_epi16(a, b);
+#pragma GCC unroll 8
+      for (int g = 0; g < GT; ++g) {
+        uint32_t pair = pt[g * pstride];  // (p[t], p[t + 1]), p[t] in the low half
+        if constexpr (kTwo) std::memcpy(&pair, pt + g * pstride, sizeof(pair));
+        const __m512bh p2 = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+        lo[g][c] = _mm512_dpbf16_ps(lo[g][c], pair_lo, p2);
+        hi[g][c] = _mm512_dpbf16_ps(hi[g][c], pair_hi, p2);
+      }
+    }
+  }
+
+  // Token-major PV of one block (spans[i]) for a tile of GT heads, on vdpbf16ps: the V rows of
+  // tokens t and t + 1 interleaved (vpunpck{l,h}wd) into (V[t][d], V[t + 1][d]) pairs, so one
+  // vdpbf16ps adds p[t] V[t][d] + p[t + 1] V[t + 1][d] for 16 dims. Per 128-bit block b the
+  // "lo" lanes hold dims 8b + j, the "hi" lanes dims 8b + 4 + j (j < 4); vpermt2ps puts them back
+  // in order when the sums go to the output rows. Otherwise as pv_block_tokens
+  // (partition_kernel.h): the sums live in out[g] between blocks and are scaled by norm at the
+  // last one, only the slots [lo, hi) are read, prefetch_next pulls the next block's same dims
+  // into L1 alongside, pf.step() once per token and pass (passes of 16 * pv_vecs dims, as
+  // token_pv_steps counts them, except one or two heads with head_size 177-192: 2 passes here, 3
+  // counted, so 2/3 of the next item's prefetch is issued). pb: [GT] rows of bf16
+  // probabilities (probs_to_bf16), row g at pb + g * 2 * s.L.
+  template <int GT>
+  PA_AVX512_BF16 static void pv_bf16dot_token_major(const uint16_t* V, const Span* spans, int i,
+                                                    int nspans, const uint16_t* pb,
+                                                    const TaskShape& s, const float* norm,
+                                                    float* out, int64_t out_stride,
+                                                    bool prefetch_next, PrefetchStream& pf) {
+    constexpr int CH = GT <= 2 ? 4 : 2;  // 32-dim chunks per pass: 2 * GT * CH accumulators
+    const Span& sp = spans[i];
+    const Span* next = prefetch_next && i + 1 < nspans ? &spans[i + 1] : nullptr;
+    const int n = sp.hi - sp.lo, n_ahead = next ? next->hi - next->lo : 0;
+    const int64_t pstride = 2 * static_cast<int64_t>(s.L), vstride = s.v_token_stride;
+    const uint16_t* pt = pb + sp.buf + sp.lo;
+    const __m512i order_lo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21,
+                                               22, 23);  // dims 0-15 of a chunk
+    const __m512i order_hi = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28,
+                                               29, 30, 31);  // dims 16-31
+    for (int d0 = 0; d0 < s.D; d0 += 32 * CH) {
+      __mmask32 m[CH];
+#pragma GCC unroll 8
+      for (int c = 0; c < CH; ++c) {
+        const int dims = std::clamp(s.D - d0 - 32 * c, 0, 32);
+        m[c] = dims == 32 ? ~__mmask32(0) : static_cast<__mmask32>((1u << dims) - 1u);
+      }
+      __m512 lo[GT][CH], hi[GT][CH];
+#pragma GCC unroll 8
+      for (int g = 0; g < GT; ++g)
+#pragma GCC unroll 8
+        for (int c = 0; c < CH; ++c) lo[g][c] = hi[g][c] = _mm512_setzero_ps();
+      const uint16_t* vt = V + sp.v_offset + sp.lo * vstride + d0;
+      const uint16_t* ahead = next ? V + next->v_offset + next->lo * vstride + d0 : nullptr;
+      for (int t = 0; t < n; t += 2) {
+        const bool two = t + 1 < n;
+        pf.step(two ? 2 : 1);
+        for (int k = t; k < t + 2 && k < n_ahead; ++k) {
+          const auto* a = reinterpret_cast<const char*>(ahead + k * vstride);
+          for (int l = 0; l < 64 * CH; l += 64) prefetch_l1(a + l);
+        }
+        if (two)
+          pv_token_pair<GT, CH, true>(vt + t * vstride, vstride, pt + t, pstride, m, lo, hi);
+        else
+          pv_token_pair<GT, CH, false>(vt + t * vstride, vstride, pt + t, pstride, m, lo, hi);
+      }
+#pragma GCC unroll 8
+      for (int g = 0; g < GT; ++g) {
+        const __m512 scale = _mm512_set1_ps(i + 1 == nspans ? norm[g] : 1.0f);  // done: scaled
+#pragma GCC unroll 8
+        for (int c = 0; c < CH; ++c) {
+          float* o = out + g * out_stride + d0 + 32 * c;
+          const int dims = s.D - d0 - 32 * c;
+          const __mmask16 m0 = lane_mask(0, dims), m1 = lane_mask(0, dims - 16);
+          __m512 n0 = _mm512_permutex2var_ps(lo[g][c], order_lo, hi[g][c]);
+          __m512 n1 = _mm512_permutex2var_ps(lo[g][c], order_hi, hi[g][c]);
+          if (i > 0) {  // the blocks before: in the output row
+            n0 = _mm512_add_ps(n0, _mm512_maskz_loadu_ps(m0, o));
+            n1 = _mm512_add_ps(n1, _mm512_maskz_loadu_ps(m1, o + 16));
+          }
+          _mm512_mask_storeu_ps(o, m0, _mm512_mul_ps(n0, scale));
+          _mm512_mask_storeu_ps(o + 16, m1, _mm512_mul_ps(n1, scale));
         }
       }
     }

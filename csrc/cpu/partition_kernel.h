@@ -29,7 +29,8 @@
 //   qk_vecs(gt)        K vectors per QK pass for a tile of gt heads
 //   pv_rows(gt, wide)  V rows (head dims) per vLLM-layout PV pass (wide: head_size % 8 == 0)
 //   pv_vecs(gt, wide)  vectors of 16 dims per token-major PV pass
-//   kHasBf16Dot        true if the layer also supplies qk_bf16dot / pv_bf16dot / probs_to_bf16
+//   kHasBf16Dot        true if the layer also supplies qk_bf16dot / qk_bf16dot_token_major /
+//                      pv_bf16dot / pv_bf16dot_token_major / probs_to_bf16
 //
 // Algorithm per work item (G query heads share the KV head; head tiles share every K / V load):
 //   spans   the partition's blocks from the block table: 64-bit element offset of the block's
@@ -267,8 +268,12 @@ template <typename Cache, KvForm F, int GT>
 void qk_tile_of(const typename Cache::storage* kblk, const float* qs, float qk_scale,
                 const TaskShape& s, float* logits, const char* pf_k, const char* pf_v) {
   if constexpr (std::is_same_v<Cache, BF16Dot>) {  // bf16 query, see run_partition
-    IsaFor<Cache>::type::template qk_bf16dot<GT>(kblk, reinterpret_cast<const uint16_t*>(qs),
-                                                 qk_scale, s, logits, pf_k, pf_v);
+    const auto* qb = reinterpret_cast<const uint16_t*>(qs);
+    if constexpr (F == KvForm::kTokenMajor)
+      IsaFor<Cache>::type::template qk_bf16dot_token_major<GT>(kblk, qb, qk_scale, s, logits,
+                                                               pf_k, pf_v);
+    else
+      IsaFor<Cache>::type::template qk_bf16dot<GT>(kblk, qb, qk_scale, s, logits, pf_k, pf_v);
   } else {
     (void)qk_scale;  // folded into qs
     qk_block<Cache, F, GT, Isa::qk_vecs(GT)>(kblk, qs, s, logits, pf_k, pf_v);
@@ -515,12 +520,18 @@ template <typename Cache, int GT>
 void pv_block_tile_of(const typename Cache::storage* V, const Span* spans, int i, int nspans,
                       const float* probs, const TaskShape& s, const float* norm, float* out,
                       int64_t out_stride, bool prefetch_next, PrefetchStream& pf) {
-  constexpr int kWide = Isa::pv_vecs(GT, true), kNarrow = Isa::pv_vecs(GT, false);
-  if (kWide == kNarrow || token_pv_vecs(GT, (s.D + 15) / 16) == kWide)
-    return pv_block_tokens<Cache, GT, kWide>(V, spans, i, nspans, probs, s, norm, out, out_stride,
-                                             prefetch_next, pf);
-  return pv_block_tokens<Cache, GT, kNarrow>(V, spans, i, nspans, probs, s, norm, out, out_stride,
-                                             prefetch_next, pf);
+  if constexpr (std::is_same_v<Cache, BF16Dot>) {  // probabilities in bf16, probs_to_bf16
+    return IsaFor<Cache>::type::template pv_bf16dot_token_major<GT>(
+        V, spans, i, nspans, reinterpret_cast<const uint16_t*>(probs), s, norm, out, out_stride,
+        prefetch_next, pf);
+  } else {
+    constexpr int kWide = Isa::pv_vecs(GT, true), kNarrow = Isa::pv_vecs(GT, false);
+    if (kWide == kNarrow || token_pv_vecs(GT, (s.D + 15) / 16) == kWide)
+      return pv_block_tokens<Cache, GT, kWide>(V, spans, i, nspans, probs, s, norm, out,
+                                               out_stride, prefetch_next, pf);
+    return pv_block_tokens<Cache, GT, kNarrow>(V, spans, i, nspans, probs, s, norm, out,
+                                               out_stride, prefetch_next, pf);
+  }
 }
 
 // Token-major PV of all G heads (out row g at out + g * out_stride, probs [G][L]): block by
@@ -812,7 +823,7 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
 }
 
 // The kernel for every cache kind in form F; bf16_dot: a bf16 cache's QK and PV on the layer's
-// bf16 dot-product instruction (only where Isa::kHasBf16Dot and the CPU has it; vLLM's layout).
+// bf16 dot-product instruction (only where Isa::kHasBf16Dot and the CPU has it).
 template <KvForm F>
 void run_form(const PagedAttentionParams& p, const KernelInputs& in, PartitionTask task,
               const PartitionTask* next, float* scratch, bool bf16_dot) {
@@ -830,7 +841,7 @@ void run_form(const PagedAttentionParams& p, const KernelInputs& in, PartitionTa
     case ScalarKind::kFloat16:
       return run_partition<F16, F>(p, in, task, next, scratch);
     case ScalarKind::kBFloat16:
-      if constexpr (Isa::kHasBf16Dot && F == KvForm::kVllm) {
+      if constexpr (Isa::kHasBf16Dot) {
         if (bf16_dot) return run_partition<BF16Dot, F>(p, in, task, next, scratch);
       }
       (void)bf16_dot;
