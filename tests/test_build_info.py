@@ -131,9 +131,8 @@ def test_info_prints_the_build(build):
         + ("OpenMP, " if build["openmp"] else "no OpenMP, "))
     threading = pa.cpu_threading()
     assert lines["CPU kernel threads"] == (
-        f"{torch.get_num_threads()} (torch.get_num_threads(), OpenMP); a call wakes one per "
-        f"{threading['min_kv_bytes_per_thread'] / 1024:g} KiB of K/V (idle OpenMP threads "
-        f"{threading['idle_threads']}: {threading['setting']})" if build["openmp"]
+        f"{torch.get_num_threads()} (torch.get_num_threads(), OpenMP); a call wakes "
+        f"{backends.cpu_threads_rule(threading)}" if build["openmp"]
         else '1: _C was built without OpenMP (its compiler had none; docs/BUILD.md, "OpenMP")')
     assert lines["_C CPU kernels"] == ", ".join(build["registered_kernels"]["CPU"])
     assert ("CUDA attention" in lines) == build["cuda"]

@@ -153,7 +153,8 @@ def test_bench_subprocess_json_and_plot(tmp_path):
     data = json.loads(json_path.read_text())
     assert data["machine"]["omp_wait_policy"] == "PASSIVE"  # set by the re-exec
     assert data["machine"]["cpu_threads_rule"] == (  # what that policy makes our kernel do
-        "one per 4096 KiB of K/V (idle threads sleep)" if paged_attention_ext.extension_loaded()
+        "one per 4096 KiB of K/V (idle OpenMP threads sleep: OMP_WAIT_POLICY=passive)"
+        if paged_attention_ext.extension_loaded()
         else "no compiled kernel")
     assert data["config"]["mode"] == "quick"
     _assert_positive_finite(data["bandwidth"]["read_gbps"])

@@ -327,10 +327,15 @@ def _cpu_threads(build: dict, threading: dict) -> str:
     threads = f"{torch.get_num_threads()} (torch.get_num_threads(), OpenMP)"
     if "error" in threading:
         return f"{threads}; error: {threading['error']}"
+    return f"{threads}; a call wakes {cpu_threads_rule(threading)}"
+
+
+def cpu_threads_rule(threading: dict) -> str:
+    """The rule by which a CPU call of our kernel wakes threads, from
+    paged_attention_ext.cpu_threading(): the words `info` and the bench report both print."""
     why = ("PAGED_ATTN_CPU_KV_BYTES_PER_THREAD" if threading["forced"] else
            f"idle OpenMP threads {threading['idle_threads']}: {threading['setting']}")
-    return (f"{threads}; a call wakes one per "
-            f"{threading['min_kv_bytes_per_thread'] / 1024:g} KiB of K/V ({why})")
+    return f"one per {threading['min_kv_bytes_per_thread'] / 1024:g} KiB of K/V ({why})"
 
 
 def describe(det: Detection) -> list:

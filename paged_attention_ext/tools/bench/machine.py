@@ -9,7 +9,7 @@ import platform
 
 import torch
 
-from ..backends import op_backend_name
+from ..backends import cpu_threads_rule, op_backend_name
 
 
 def _cpu_model() -> str:
@@ -60,8 +60,7 @@ def _cpu_threads_rule() -> str:
         return f"error: {exc}"
     if t is None:
         return "no compiled kernel"
-    return (f"one per {t['min_kv_bytes_per_thread'] / 1024:g} KiB of K/V "
-            + ("(forced)" if t["forced"] else f"(idle threads {t['idle_threads']})"))
+    return cpu_threads_rule(t)
 
 
 def machine_info(device: str) -> dict:
