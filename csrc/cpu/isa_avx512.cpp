@@ -167,7 +167,7 @@ struct Isa {
                                         const char* pf_v) {
     constexpr int JT = 4;  // 4 vectors of 32 elements: 16 tokens
     const __m512 scale = _mm512_set1_ps(qk_scale);
-    RowSharePrefetch row_prefetch(pf_k, pf_v, s);
+    RowSharePrefetch row_prefetch(pf_k, pf_v, s, s.C);
     for (int j = 0; j < s.R; j += 32 * JT) {
       __mmask32 m[JT];
       for (int jt = 0; jt < JT; ++jt) {
@@ -212,9 +212,7 @@ struct Isa {
     const int rows = (s.D + 31) / 32;    // vectors per token
     const __mmask32 tail_mask =
         s.D % 32 == 0 ? ~__mmask32(0) : static_cast<__mmask32>((1u << (s.D % 32)) - 1u);
-    TaskShape row_shape = s;
-    row_shape.C = rows;  // the prefetch's share per row() call
-    RowSharePrefetch row_prefetch(pf_k, pf_v, row_shape);
+    RowSharePrefetch row_prefetch(pf_k, pf_v, s, rows);  // row() once per vector of a token
     const __m512 scale = _mm512_set1_ps(qk_scale);
     for (int j = 0; j < s.bs; j += 16) {
       __m512 held[GT][16];

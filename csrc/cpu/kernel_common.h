@@ -190,8 +190,10 @@ struct ScratchLayout {
 // much as the QK arithmetic of a bf16 block on avx2-fma, docs/CPU_KERNEL.md).
 class RowSharePrefetch {
  public:
-  PA_DECODE_INLINE RowSharePrefetch(const char* pf_k, const char* pf_v, const TaskShape& s)
-      : k_(pf_k, s.k_mem, s.C), v_(pf_v, s.v_mem, s.C) {}
+  // rows: row() calls per block (the K rows s.C for the x-form QK loops).
+  PA_DECODE_INLINE RowSharePrefetch(const char* pf_k, const char* pf_v, const TaskShape& s,
+                                    int rows)
+      : k_(pf_k, s.k_mem, rows), v_(pf_v, s.v_mem, rows) {}
   bool active() const { return k_.line_left > 0 || v_.line_left > 0; }
   PA_DECODE_INLINE void row() {  // inlined: a call in the QK loop would spill its accumulators
     k_.row();

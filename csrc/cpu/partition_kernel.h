@@ -220,7 +220,7 @@ void qk_block(const typename Cache::storage* kblk, const float* qs, const TaskSh
   constexpr int kPasses = JT < X ? X / JT : 1;  // passes per 16-token group
   Vec held[GT][kPasses > 1 ? X : 1];
   int held_passes = 0, group_j = 0;
-  RowSharePrefetch row_prefetch(pf_k, pf_v, s);
+  RowSharePrefetch row_prefetch(pf_k, pf_v, s, s.C);
   RowSharePrefetch* const first_pass_prefetch = row_prefetch.active() ? &row_prefetch : nullptr;
   for (int j = 0; j < s.R; j += 16 * JT) {
     RowSharePrefetch* const pf = j == 0 ? first_pass_prefetch : nullptr;
