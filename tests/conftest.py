@@ -15,6 +15,28 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: long-running tests (deselect with -m 'not slow')")
 
 
+def pytest_terminal_summary(terminalreporter):
+    """Says at the end of every run which compiled CPU kernel variants this machine executes and
+    which it cannot (their tests skip, e.g. AVX-512 on an AVX2-only CPU), so that a green run
+    is never read as covering a variant it could not execute."""
+    try:
+        import paged_attention_ext as pa
+
+        variants = pa.cpu_kernel_variants()
+    except Exception as exc:  # the tests themselves report a failing import
+        terminalreporter.write_line(f"CPU kernel variants: unknown ({type(exc).__name__})")
+        return
+    if not variants:
+        terminalreporter.write_line("CPU kernel variants: none (compiled extension not loaded)")
+        return
+    ran = [name for name, runnable, _ in variants if runnable]
+    not_ran = [f"{name} ({why})" for name, runnable, why in variants if not runnable]
+    terminalreporter.write_line("CPU kernel variants this machine executes: " + ", ".join(ran))
+    if not_ran:
+        terminalreporter.write_line("CPU kernel variants it CANNOT execute (their tests skip): "
+                                    + ", ".join(not_ran))
+
+
 def registered_ops():
     """torch.ops.paged_attn after `import paged_attention_ext`. A failing import (e.g.
     PAGED_ATTN_REQUIRE_EXTENSION=1 with a `_C` that does not load) or missing ops fail the test:
