@@ -86,7 +86,7 @@ def cuda_arch_flags() -> list:
     """nvcc's -gencode flags for the resolved arch list (cuda_arch.resolve_build: an explicit
     TORCH_CUDA_ARCH_LIST, else the visible GPUs + PTX of the newest, else the default list), plus
     -DPAGED_ATTN_CUDA_ARCHS naming the same images (csrc/cuda/build_info.cu: the run-time check
-    in ops_cuda.cu and build_info()). The
+    in ops_cuda.cpp and build_info()). The
     flags are torch's own translation of the list; passing them explicitly stops torch from
     adding its own (and from failing when no GPU is visible)."""
     archs, why, flags, targets = _tool_module("cuda_arch").resolve_build(
@@ -165,7 +165,9 @@ def extension():
         if os.environ.get("PAGED_ATTN_PTXAS_VERBOSE") == "1":
             nvcc_flags.append("-Xptxas=-v")
         return cpp_extension.CUDAExtension(
-            sources=cxx_sources + sources("csrc/cuda/*.cu") + generated_cuda_sources(),
+            # csrc/cuda/*.cpp: the torch glue of the kernels, host compiler (docs/CUDA.md "Files").
+            sources=cxx_sources + sources("csrc/cuda/*.cpp") + sources("csrc/cuda/*.cu")
+            + generated_cuda_sources(),
             extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags},
             **kwargs,
         )

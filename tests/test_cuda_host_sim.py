@@ -5,7 +5,7 @@ bit against the oracle's caches on vLLM's layout and every token-major layout.
 
 tests/cuda_sim/driver.cpp compiles the kernels' own source with the host compiler on top of
 tests/cuda_sim/cuda_sim.h (every thread of a block a fiber, barriers and shuffles simulated,
-mma.sync computed from the PTX ISA's fragment layouts) and launches them as ops_cuda.cu does:
+mma.sync computed from the PTX ISA's fragment layouts) and launches them as ops_cuda.cpp does:
 v2 (phase 1 over 512-token partitions, then the reduce kernel), v1 / decode in one pass, and the
 v1 / decode split of core/split_plan.h (sized for a 4-SM GPU so rows get split), for each kernel
 choice (baseline, pipelined, mma), on case files written by tests/test_cpu_kernel_cross.py's

@@ -3,7 +3,7 @@
 //
 // The C++ twin of paged_attention_ext/tools/cuda_arch.py (which has the rules and their sources);
 // tests/test_cuda_arch.py feeds both the same table and checks they agree, including the text
-// of the error. ops_cuda.cu calls these once per device, before the first launch there.
+// of the error. ops_cuda.cpp calls these once per device, before the first launch there.
 //   - SASS sm_XY runs on X.Z with Z >= Y (same major); sm_XYa only on X.Y; sm_XYf on X.Z, Z >= Y.
 //   - PTX compute_XY runs (JIT) on any capability >= X.Y; compute_XYa only on X.Y;
 //     compute_XYf on X.Z, Z >= Y.

@@ -46,7 +46,7 @@ void launch_pipelined_instance(const dim3& grid, const PagedAttentionParams& p,
 
 // NOTE: the pipelined kernel needs partitions of whole 32-token tiles: v2's kPartitionSize
 // (checked in PipelineConfig) and the v1 / decode split's sizes, multiples of the tile_tokens
-// ops_cuda.cu gives plan_split (kThreads, asserted here).
+// ops_cuda.cpp gives plan_split (kThreads, asserted here).
 static_assert(kThreads % kWarpSize == 0, "split partitions are whole 32-token tiles");
 
 template <ScalarKind kScalar, CacheKind kCache, int kDimsPerLane>

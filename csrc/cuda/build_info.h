@@ -1,5 +1,5 @@
 // build_info.h — what the CUDA part of this build compiled, for paged_attention_ext.build_info()
-// (module.cpp) and the arch check of ops_cuda.cu. Plain C++: no torch, no CUDA header. Defined in
+// (module.cpp) and the arch check of ops_cuda.cpp. Plain C++: no torch, no CUDA header. Defined in
 // build_info.cu from the owners of each fact: dispatch.cuh's lists and the build's -gencode flags.
 #pragma once
 

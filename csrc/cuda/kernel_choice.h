@@ -2,7 +2,7 @@
 // the pipelined one (attention_kernel_pipelined.cuh) with CUDA-core math, or "mma": the
 // pipelined kernel with the GQA group on tensor cores (gqa_mma.cuh) for the shapes
 // dispatch.cuh's uses_tensor_cores() takes (16-bit query, GQA >= 3) and the plain pipelined
-// kernel for the others. Plain C++: no torch, no CUDA; ops_cuda.cu asks before each launch,
+// kernel for the others. Plain C++: no torch, no CUDA; ops_cuda.cpp asks before each launch,
 // module.cpp reports it in build_info().
 //
 // The setting is the environment variable PAGED_ATTN_CUDA_KERNEL, read once per process (at the

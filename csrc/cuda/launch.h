@@ -1,5 +1,5 @@
 // launch.h — host entry points of the CUDA kernels (no torch, no kernel code). The torch glue
-// (ops_cuda.cu) calls these; the definitions are explicitly instantiated in the generated
+// (ops_cuda.cpp) calls these; the definitions are explicitly instantiated in the generated
 // attention_<dtype>_<cache>.cu files (whose kernels are in attention_<dtype>_<cache>_d<N>.cu,
 // attention_dims.h) and in reshape_and_cache.cu, many small files that ninja compiles in
 // parallel.

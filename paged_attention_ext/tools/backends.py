@@ -212,7 +212,7 @@ def active_backends(det: Optional[Detection] = None) -> list:
         backends.append(Backend("python-fallback", "cpu", torch.ops.paged_attn,
                                 "via torch.ops (no compiled CPU kernel)"))
     if det.cuda_available:
-        # the current device: our kernels refuse a GPU the build does not cover (ops_cuda.cu)
+        # the current device: our kernels refuse a GPU the build does not cover (ops_cuda.cpp)
         current = next((g for g in det.gpus if g.index == torch.cuda.current_device()), None)
         runs_here = current is None or current.match is None or current.match.runs
         cuda_compiled = all(compiled_kernel(op, "CUDA", build) for op in OPS)

@@ -1,6 +1,6 @@
 // driver.cpp — runs the CUDA attention kernels (csrc/cuda: baseline, pipelined, and the pipelined
 // kernel on tensor cores) in the host simulation (cuda_sim.h) on the case files
-// tests/test_cpu_kernel_cross.py writes, as ops_cuda.cu launches them: v2 (phase 1 over
+// tests/test_cpu_kernel_cross.py writes, as ops_cuda.cpp launches them: v2 (phase 1 over
 // 512-token partitions, then the reduce kernel), v1 / decode in one pass, and the v1 / decode
 // split of core/split_plan.h (phase 1 into scratch, then the reduce). Outputs and scratch start
 // as NaN; the result is compared with the case's expected output (the oracle's) and tolerances.

@@ -1,8 +1,11 @@
-// ops_cuda.cu — torch glue of the CUDA kernels: the two backend entry points of
+// ops_cuda.cpp — torch glue of the CUDA kernels: the two backend entry points of
 // torch_glue/overloads.h (which turns the arguments into params, shared with the CPU kernels):
 // CUDA-only checks, stream / device guard, dispatch onto launch.h, and the registration
 // TORCH_LIBRARY_IMPL(paged_attn, CUDA, m) of both overloads of v1, v2, reshape_and_cache, decode
 // and reshape_and_cache_flash.
+//
+// NOTE: compiled by the host compiler like the rest of the torch glue, not by nvcc: no kernel
+// and no launch syntax here (the launchers are in the .cu files, launch.h).
 //
 // NOTE: graph-safe. Nothing here reads tensor data on the host (no data checks, no .item(), no
 // sync); launch grids come from shapes only (v2: tmp_out.size(2); v1 / decode: the split plan of
