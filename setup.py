@@ -149,7 +149,9 @@ def extension():
               file=sys.stderr)
         omp = ([], [])
     cxx_flags = opt + sanitize + omp[0]
-    link_flags = sanitize + omp[1]
+    # The shared libstdc++ before the compiler's own (tools/libstdcxx_flags.py says why).
+    link_flags = sanitize + omp[1] + _tool_module("libstdcxx_flags").libstdcxx_link_flags(
+        os.environ.get("CXX", "c++"))
     kwargs = dict(
         name="paged_attention_ext._C",
         extra_link_args=link_flags,

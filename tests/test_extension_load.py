@@ -120,3 +120,30 @@ def test_the_loaded_extension_matches_this_torch():
     if not pa.extension_loaded():
         pytest.skip(f"_C not loaded: {pa.extension_status()}")
     assert pa._torch_mismatch(pa.build_info()["torch_version"], torch.__version__) is None
+
+
+# libstdc++'s stream and locale code (std::ostream, std::istream, ios_base, locale, num_put,
+# basic_ostream / basic_streambuf), as mangled names: the extension must import these from the
+# shared libstdc++ torch uses, never carry its own copy (tools/libstdcxx_flags.py: a copy made
+# every error message that printed a number crash the process on the H200 machine's GCC).
+PRIVATE_LIBSTDCXX = ("_ZNSo", "_ZNSi", "_ZNSt8ios_base", "_ZNSt6locale", "_ZNSt7num_put",
+                     "_ZNSt13basic_ostream", "_ZNSt15basic_streambuf")
+
+
+def test_the_extension_carries_no_copy_of_libstdcxx_streams():
+    import paged_attention_ext as pa
+    if not pa.extension_loaded():
+        pytest.skip(f"_C not loaded: {pa.extension_status()}")
+    if not sys.platform.startswith("linux"):
+        pytest.skip("an ELF check (nm -D); the libstdc++ link flag is Linux-only")
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("no `nm` (binutils) to list the extension's symbols")
+    so = pa._C.__file__
+    listed = subprocess.run([nm, "-D", "--defined-only", so], capture_output=True, text=True,
+                            check=True).stdout.split("\n")
+    names = [line.split()[-1] for line in listed if line.strip()]
+    assert names, f"nm listed no defined symbols in {so}"
+    copies = [n for n in names if n.startswith(PRIVATE_LIBSTDCXX)]
+    assert not copies, (f"{so} defines libstdc++ stream code itself: {copies[:5]} ... "
+                        "(link it against libstdc++.so.6: tools/libstdcxx_flags.py)")
