@@ -49,7 +49,8 @@
 #      the NHD pipelined / baseline runs
 #   (step 3 runs the kernel tests once per kernel choice: tests/test_cuda_kernels.py's kernel_ops)
 # Writes <out>/<step>.log, <out>/bench_<layout>[_fp8].{md,json} and <out>/results.md (one row
-# per step) (the ptxas report is inside build.log).
+# per step) (the ptxas report is inside build.log); with BUNDLE=1 (default when <out> is $OUT)
+# only <out>/results.md and <out>/device_check.tgz holding them all.
 # No network is needed. Exit status: 0 when every step passed, else the number of failed steps
 # (3 when there is no GPU).
 set -uo pipefail
@@ -57,6 +58,16 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT_DIR="${1:-${OUT:-$ROOT/device-out}}"
 mkdir -p "$OUT_DIR"
 OUT_DIR="$(cd "$OUT_DIR" && pwd)"
+# BUNDLE=1 (the default when the output dir is $OUT, as on a lent GPU machine, which sends back
+# at most 8 files): the step files go to a temporary folder, and on any exit the output dir gets
+# only results.md and device_check.tgz (every file). BUNDLE=0: the files themselves.
+if [[ "${BUNDLE:-}" == 1 || ( -z "${BUNDLE:-}" && -n "${OUT:-}" &&
+      "$OUT_DIR" == "$(cd "$OUT" 2>/dev/null && pwd)" ) ]]; then
+  DEST_DIR="$OUT_DIR"
+  OUT_DIR="$(mktemp -d)"
+  trap 'cp "$OUT_DIR/results.md" "$DEST_DIR/" 2>/dev/null
+        tar czf "$DEST_DIR/device_check.tgz" -C "$OUT_DIR" .' EXIT
+fi
 cd "$ROOT"
 export PAGED_ATTN_REQUIRE_EXTENSION=1  # step 2 builds _C: a later step must not fall back silently
 
