@@ -9,7 +9,8 @@
 #        is installed into a temporary folder on PYTHONPATH for this check; without one the
 #        check stops before building, saying so. WHEELS  that folder (default <repo>/.whl)
 #        CHECK_BUDGET  seconds for the whole check (default 450)
-#        CHECK_STEPS   comma-separated steps to run (default build,tests,check,sanitizer,bench):
+#        CHECK_STEPS   comma-separated steps to run (default build,tests,check,sanitizer,bench,
+#                      profile):
 #                      e.g. a second call on a machine that kept the first call's build can run
 #                      CHECK_STEPS=bench alone; a step left out is a "not selected" row
 #
@@ -47,6 +48,9 @@
 #      (bench_*_pipelined, bench_*_baseline), to compare the kernels (45 s each, 30 s for the
 #      ours-only ones); in the order: vLLM layout (default, pipelined, baseline), NHD, fp8, then
 #      the NHD pipelined / baseline runs
+#   7. Nsight Compute (ncu --set full, clocks left alone) on one attention launch of big-batch
+#      per layout, the default kernel: profile_vllm / profile_nhd .log (details page) and
+#      .ncu-rep (60 s each; no ncu: rows "SKIPPED (no ncu)", counted as failed)
 #   (step 3 runs the kernel tests once per kernel choice: tests/test_cuda_kernels.py's kernel_ops)
 # Writes <out>/<step>.log, <out>/bench_<layout>[_fp8].{md,json} and <out>/results.md (one row
 # per step) (the ptxas report is inside build.log); with BUNDLE=1 (default when <out> is $OUT)
@@ -96,7 +100,7 @@ RESULTS="$OUT_DIR/results.md"
 FAILED=0
 
 # selected STEP: whether CHECK_STEPS names the step (a "not selected" row when it does not)
-STEPS=",${CHECK_STEPS:-build,tests,check,sanitizer,bench},"
+STEPS=",${CHECK_STEPS:-build,tests,check,sanitizer,bench,profile},"
 selected() {
   [[ "$STEPS" == *",$1,"* ]] && return 0
   echo "== $1: not selected (CHECK_STEPS=${CHECK_STEPS:-})"
@@ -271,6 +275,36 @@ if selected bench; then
   bench_step bench_nhd_fp8 nhd "$NHD_CONTENDERS" fp8 big-batch small-batch
   KERNEL=pipelined LIMIT=30 bench_step bench_nhd_pipelined nhd ours-decode auto "${REGIMES[@]}"
   KERNEL=baseline LIMIT=30 bench_step bench_nhd_baseline nhd ours-decode auto "${REGIMES[@]}"
+fi
+
+# ---- 7. Nsight Compute on one attention launch per layout (big-batch, default kernel) ----
+# Where the tensor-core path's time goes on vLLM's layout against token-major (docs/CUDA.md
+# "First GPU run": 1.6-1.7x slower with the same bytes). ncu --set full replays the one launch
+# the filter picks (the 6th attention kernel of a bench run: past the oracle check and
+# warm-up); clocks left alone (--clock-control none). profile_<layout>.log ends with the details
+# page; profile_<layout>.ncu-rep opens in Nsight Compute.
+NCU=""
+for candidate in "$(command -v ncu 2>/dev/null)" "${CUDA_HOME:+$CUDA_HOME/bin/ncu}" \
+                 /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu; do
+  if [[ -n "$candidate" && -x "$candidate" ]]; then NCU="$candidate"; break; fi
+done
+profile_step() {
+  local layout="$1" contender="$2" name="profile_$1"
+  if [[ -z "$NCU" ]]; then
+    echo "| $name | SKIPPED (no ncu) | 0 | |" >> "$RESULTS"
+    FAILED=$((FAILED + 1))
+    return 1
+  fi
+  run_step "$name" 60 bash -c '"$0" --clock-control none --set full --import-source no \
+      -k "regex:^paged_attention_(pipelined_)?kernel" --launch-skip 5 --launch-count 1 \
+      -f -o "$1" "$2" -m paged_attention_ext bench --device cuda --quick --no-progress \
+      --preset big-batch --kv-layout "$3" --contenders "$4" \
+    && "$0" --import "$1.ncu-rep" --page details --print-units base' \
+    "$NCU" "$OUT_DIR/$name" "$PY" "$layout" "$contender"
+}
+if selected profile; then
+  profile_step vllm ours-v1
+  profile_step nhd ours-decode
 fi
 
 echo
