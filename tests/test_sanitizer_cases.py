@@ -7,10 +7,12 @@ nvidia-smi / python / compute-sanitizer; the step limits within the budget). Whe
 kernels pass under compute-sanitizer is for device_check.sh on a GPU to say.
 """
 
+import glob
 import os
 import re
 import subprocess
 import sys
+import tarfile
 import textwrap
 from types import SimpleNamespace
 
@@ -237,10 +239,15 @@ STAND_INS = {
         while [[ $# -gt 0 && "$1" != */python ]]; do shift; done
         exec "$@"
         """,
+    # logs its arguments (the profiled program is not run)
+    "ncu": """\
+        #!/usr/bin/env bash
+        echo "ncu: $*"
+        """,
 }
 
 
-def _run_device_check(tmp_path, tools, python="python", **extra_env):
+def _run_device_check(tmp_path, tools, python="python", out_arg=True, **extra_env):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name in tools:
@@ -250,8 +257,12 @@ def _run_device_check(tmp_path, tools, python="python", **extra_env):
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}",
                PYTHON=str(bin_dir / python), CUDA_HOME=str(tmp_path / "no-cuda"), **extra_env)
     out = tmp_path / "out"
-    proc = subprocess.run(["bash", SCRIPT, str(out)], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=120)
+    out.mkdir()
+    env.pop("OUT", None)
+    if not out_arg:  # the way a lent GPU machine runs it: OUT set, no argument
+        env["OUT"] = str(out)
+    proc = subprocess.run(["bash", SCRIPT, *([str(out)] if out_arg else [])], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
     rows = {}
     for line in (out / "results.md").read_text().splitlines():
         cells = [c.strip() for c in line.strip("|").split("|")]
@@ -261,7 +272,8 @@ def _run_device_check(tmp_path, tools, python="python", **extra_env):
 
 
 def test_device_check_runs_the_program_under_each_tool(tmp_path):
-    proc, out, rows = _run_device_check(tmp_path, ["nvidia-smi", "python", "compute-sanitizer"])
+    proc, out, rows = _run_device_check(tmp_path, ["nvidia-smi", "python", "compute-sanitizer",
+                                                   "ncu"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     expected = {
         "sanitizer_memcheck": ("--tool memcheck", "--leak-check no"),
@@ -277,13 +289,45 @@ def test_device_check_runs_the_program_under_each_tool(tmp_path):
         assert program_line.startswith(f"program: -m {MODULE}")
         assert program_line.endswith("caching=1")
         assert ("--quick" in program_line) == (step == "sanitizer_racecheck")
+    for layout, contender in (("vllm", "ours-v1"), ("nhd", "ours-decode")):
+        assert rows[f"profile_{layout}"] == "ok"
+        profile, report = (out / f"profile_{layout}.log").read_text().splitlines()[:2]
+        assert "--set full" in profile and "--clock-control none" in profile
+        assert f"--kv-layout {layout} --contenders {contender}" in profile
+        assert "--preset big-batch" in profile and "--launch-count 1" in profile
+        assert report.startswith("ncu: --import") and f"profile_{layout}.ncu-rep" in report
+
+
+def _ncu_installed():
+    return any(os.path.exists(p) for p in ["/usr/local/cuda/bin/ncu",
+                                           *glob.glob("/opt/nvidia/nsight-compute/*/ncu")])
+
+
+def test_device_check_without_ncu_fails_the_profile_rows(tmp_path):
+    if _ncu_installed():
+        pytest.skip("ncu is installed where the script looks whatever PATH says")
+    proc, _, rows = _run_device_check(tmp_path, ["nvidia-smi", "python", "compute-sanitizer"])
+    assert rows["profile_vllm"] == rows["profile_nhd"] == "SKIPPED (no ncu)"
+    assert proc.returncode == 2  # the two count as failed
+
+
+def test_device_check_bundles_its_files_when_writing_to_OUT(tmp_path):
+    # A lent GPU machine sends back at most 8 files from $OUT: results.md and one tarball.
+    proc, out, rows = _run_device_check(tmp_path, ["nvidia-smi", "python", "compute-sanitizer",
+                                                   "ncu"], out_arg=False, CHECK_STEPS="check")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["device_check.tgz", "results.md"]
+    assert rows["check"] == "ok"
+    with tarfile.open(out / "device_check.tgz") as bundle:
+        names = {os.path.basename(n) for n in bundle.getnames()}
+    assert {"results.md", "gpu.log", "check.log"} <= names
 
 
 def test_device_check_without_compute_sanitizer_fails_those_rows(tmp_path):
     if os.path.exists("/usr/local/cuda/bin/compute-sanitizer"):
         pytest.skip("compute-sanitizer is installed in /usr/local/cuda/bin, where the script "
                     "looks whatever PATH says")
-    proc, _, rows = _run_device_check(tmp_path, ["nvidia-smi", "python"])
+    proc, _, rows = _run_device_check(tmp_path, ["nvidia-smi", "python", "ncu"])
     sanitizer_rows = {k: v for k, v in rows.items() if k.startswith("sanitizer_")}
     assert sanitizer_rows == {name: "SKIPPED (no compute-sanitizer)" for name in
                               ("sanitizer_memcheck", "sanitizer_racecheck", "sanitizer_synccheck")}
