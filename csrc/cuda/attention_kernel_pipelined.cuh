@@ -14,11 +14,13 @@
 // - Tile size: a tile's K is at most kKTileBudget (2 KiB) at the instantiation's largest head
 //   size, so that a stage stays small and several fit: kTileTokens = the largest power of two
 //   <= 2048 / (kMaxDims * element size), at least one 16-byte chunk of V (16 / element size
-//   tokens) and at most 32. fp32 / bf16 / fp8 at head 128: 4 / 8 / 16 tokens.
+//   tokens) and at most 32; raised to the tokens whose vLLM V row fills a 32-byte sector
+//   (sector_tokens: 8 fp32, 16 bf16 / fp16 / fp8) where that keeps the K tile <= 4 KiB, so
+//   that no copy asks L2 for half a sector. fp32 / bf16 / fp8 at head 128: 8 / 16 / 16 tokens.
 // - Ring: each warp owns kStages slots (no block-wide barrier in the loop: a warp's tiles are its
 //   own), each slot holding one tile's K and V (a stage). kStages = kRingBudget (16 KiB) / stage
-//   size, clamped to [2, 4]: at head 128, 4 (fp32) or 3 (bf16 / fp16, fp8), so that a block of
-//   the GQA-4 tile takes ~58 KiB and three fit an H200 SM (as its registers allow). The warp
+//   size, clamped to [2, 4]: at head 128, 2 (fp32, bf16 / fp16) or 3 (fp8), so that a block of
+//   the GQA-4 tile takes ~69-72 KiB and three fit an H200 SM (as its registers allow). The warp
 //   issues tile m + kStages - 1 while it computes tile m: kStages - 1 stages in flight per warp.
 // - Copies: cp.async.cg 16 bytes (sm_80+; a synchronous 16-byte copy on older archs), src-size 0
 //   (zero-fill, nothing read) for tokens past the range, bad block ids and blocks no head of the
@@ -38,8 +40,9 @@
 //   16-byte aligned, are copied element by element (plain loads, no cp.async: correct, slower).
 // - Shared-memory layout of a stage: K as [kTileTokens][kKRowBytes] (one row per token: vLLM's
 //   x-chunks are put back in dim order), V as vLLM's [kMaxDims][kVRowBytes] (one row per dim,
-//   tokens contiguous) for vLLM caches or [kTileTokens][kMaxDims] for token-major ones. Row
-//   strides are padded (conflict_free_row_bytes) so that the 16-byte reads of the 8 lanes of one
+//   tokens contiguous) for vLLM caches or [kTileTokens][kMaxDims] for token-major ones. K rows
+//   are padded (conflict_free_row_bytes), vLLM V rows are not but their 16-byte units are
+//   swizzled (PipelineConfig::v_offset), so that the 16-byte reads of the 8 lanes of one
 //   shared-memory wavefront (8 / kLanesPerToken K rows, consecutive chunks of each; 8 V rows)
 //   hit 8 different 16-byte bank groups: QK's K reads and P.V's vLLM V reads are conflict-free
 //   (fp8 V: 8-byte reads, 2-way); token-major V is read in vectors of the lane's consecutive
@@ -291,11 +294,11 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
         const int d0 = lane / kGroups;
         const CacheT* src = bytes > 0 ? v_head + off + d0 * v_dim_stride : v_head;
         const int64_t src_step = bytes > 0 ? kDimStep * v_dim_stride : 0;
-        const SharedAddress dst = v_copy_dst + (d0 * Cfg::kVRowBytes + v_tok * kElem);
 #pragma unroll
         for (int j = 0; j < kDimIters; ++j, src += src_step)
           if (d0 + j * kDimStep < head_size)
-            copy16_async(dst + j * kDimStep * Cfg::kVRowBytes, src, bytes);
+            copy16_async(v_copy_dst + Cfg::v_offset(d0 + j * kDimStep, v_tok * kElem), src,
+                         bytes);
       } else if (v_chunked) {  // token-major V: [token][dim] rows, as K
         copy_token_row(v_head, shfl_int64(v_off, tok), kX,
                        v_copy_dst + tok * Cfg::kVTokenRowBytes);
@@ -317,7 +320,7 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
               if constexpr (!kFp8) value = from_float<CacheT>(0.0f);
             }
             unsigned char* dst = token_major ? v_dst + tok * Cfg::kVTokenRowBytes + d * kElem
-                                             : v_dst + d * Cfg::kVRowBytes + tok * kElem;
+                                             : v_dst + Cfg::v_offset(d, tok * kElem);
             *reinterpret_cast<CacheT*>(dst) = value;
           }
         }
@@ -411,7 +414,7 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
               ldmatrix_x4<true>(va, v_stage + ((8 * b + row) * Cfg::kVTokenRowBytes +
                                                (16 * s + 8 * matrix) * kElem));
             else  // vLLM [dim][token] rows: dim 16s + lane, tokens 8b..
-              ldmatrix_x4<false>(va, v_stage + ((16 * s + lane) * Cfg::kVRowBytes + 8 * b * kElem));
+              ldmatrix_x4<false>(va, v_stage + Cfg::v_offset(16 * s + lane, 8 * b * kElem));
           };
           mma.tile(mma_ops, head_size, k_frags, v_frags, logit);
           __syncwarp();  // NOTE: the slot is rewritten only after every lane read it
@@ -439,7 +442,8 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
           });
         } else {  // vLLM [dim][token] rows: the pair is adjacent
           run_tile([&](int d, int tok) {
-            return mma_adjacent_pair<Scalar>(v_rows + d * (Cfg::kVRowBytes / kElem) + tok, e5m2,
+            return mma_adjacent_pair<Scalar>(reinterpret_cast<const CacheT*>(
+                                                 v_src + Cfg::v_offset(d, tok * kElem)), e5m2,
                                              mma_ops);
           });
         }
@@ -535,7 +539,7 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
               for (int e = 0; e < kVVec; ++e) v[j][e] = 0.0f;
             } else if (!token_major) {
               load_to_float<CacheT, kVBytes>(
-                  reinterpret_cast<const CacheT*>(v_src + d * Cfg::kVRowBytes + s0 * kElem), e5m2,
+                  reinterpret_cast<const CacheT*>(v_src + Cfg::v_offset(d, s0 * kElem)), e5m2,
                   v[j]);
             } else {
 #pragma unroll

@@ -39,6 +39,13 @@ constexpr int max_int(int a, int b) { return a > b ? a : b; }
 
 constexpr int kKTileBudget = 2048;      // bytes of K per tile at the largest head size
 constexpr int kRingBudget = 16 * 1024;  // bytes of ring per warp (3 blocks of head 128 per H200 SM)
+// Tokens whose row of vLLM's V (one dim of one block, tokens contiguous) fills a 32-byte sector:
+// a tile of fewer reads half sectors, and the tile holding the other half (another warp's) asks
+// L2 for the same sector again (Nsight Compute on an H200, 8-token tiles on vLLM's layout: L2
+// 91% busy while DRAM ran at 42%; docs/CUDA.md "Second GPU session"). Tiles
+// grow to this where the K tile stays within twice kKTileBudget (16-bit head <= 128: 16 tokens).
+// fp8 stops at 16: its 16-byte rows of a 16-token block pair up in one copy instruction.
+constexpr int sector_tokens(int elem) { return 32 / elem < 16 ? 32 / elem : 16; }
 
 // Every size of the pipelined kernel for one instantiation (bytes unless named otherwise).
 template <typename CacheT, int kDimsPerLane, int kHeadTile, int kWarpSize, int kNumWarps,
@@ -47,14 +54,28 @@ struct PipelineConfig {
   static constexpr int kElem = static_cast<int>(sizeof(CacheT));
   static constexpr int kMaxDims = kDimsPerLane * kWarpSize;
   static constexpr int kChunkElems = 16 / kElem;  // elements per 16-byte chunk
-  static constexpr int kTileTokens =
-      clamp_int(floor_pow2(kKTileBudget / (kMaxDims * kElem)), kChunkElems, kWarpSize);
+  static constexpr int kTileTokens = clamp_int(
+      max_int(floor_pow2(kKTileBudget / (kMaxDims * kElem)),
+              sector_tokens(kElem) * kMaxDims * kElem <= 2 * kKTileBudget ? sector_tokens(kElem)
+                                                                          : 0),
+      kChunkElems, kWarpSize);
   static constexpr int kLanesPerToken = kWarpSize / kTileTokens;
   static constexpr int kKRowBytes =  // K: one token, read by its kLanesPerToken lanes (or MMA)
       kMma ? odd_units_row_bytes(kMaxDims * kElem)
            : conflict_free_row_bytes(kMaxDims * kElem, kLanesPerToken);
-  static constexpr int kVRowBytes =  // vLLM V: one dim, read by one lane
-      conflict_free_row_bytes(kTileTokens * kElem, 1);
+  // vLLM V: one row per dim, read by one lane (16 bytes, or 8 for fp8) or by ldmatrix (8 rows
+  // x 16 bytes), unpadded: unit u (16 bytes) of row d is stored at unit u ^ v_unit_swizzle(d),
+  // so that unit u of 8 consecutive rows lies in 8 different 16-byte bank groups (v_offset).
+  static constexpr int kVRowBytes = kTileTokens * kElem;
+  static constexpr int kVRowUnits = kVRowBytes / 16;  // 1, 2, 4 or 8
+  static constexpr int kVRowsPerBankCycle = 8 / kVRowUnits;  // rows that span the 8 bank groups
+  __host__ __device__ __forceinline__ static constexpr int v_unit_swizzle(int dim) {
+    return (dim / kVRowsPerBankCycle) % kVRowUnits;
+  }
+  // Byte offset in the stage's V of byte `byte` (< kVRowBytes) of dim `dim`'s row.
+  __host__ __device__ __forceinline__ static constexpr int v_offset(int dim, int byte) {
+    return dim * kVRowBytes + ((((byte >> 4) ^ v_unit_swizzle(dim)) << 4) | (byte & 15));
+  }
   static constexpr int kVTokenRowBytes =  // token-major V (tensor cores: the A fragment reads
       kMma ? odd_units_row_bytes(kMaxDims * kElem) : kMaxDims * kElem;  // 4 rows at once)
   static constexpr int kKTileBytes = kTileTokens * kKRowBytes;
@@ -63,8 +84,10 @@ struct PipelineConfig {
   static constexpr int kStageBytes = kKTileBytes + kVTileBytes;
   static constexpr int kStages = clamp_int(kRingBudget / kStageBytes, 2, 4);
   // shared memory, in this order (each part a multiple of 16 bytes)
-  static constexpr int kQBytes = kHeadTile * kMaxDims * 4;                   // float q[g][d]
-  static constexpr int kProbBytes = kNumWarps * kHeadTile * kTileTokens * 4; // float [w][g][t]
+  // (tensor cores keep the query and the probabilities in registers: no q, no probs)
+  static constexpr int kQBytes = kMma ? 0 : kHeadTile * kMaxDims * 4;        // float q[g][d]
+  static constexpr int kProbBytes =
+      kMma ? 0 : kNumWarps * kHeadTile * kTileTokens * 4;                     // float [w][g][t]
   static constexpr int kStatsBytes = ((kNumWarps * kHeadTile * 8) + 15) / 16 * 16;
   static constexpr int kSparseBytes = ((kHeadTile * 8) + 15) / 16 * 16;      // int64 [g]
   static constexpr int kMaskBytes = ((kNumWarps * kStages * kTileTokens * 4) + 15) / 16 * 16;
@@ -82,6 +105,8 @@ struct PipelineConfig {
   static_assert(kTileTokens * kElem >= 16, "a tile holds one 16-byte chunk of vLLM V");
   static_assert(kKRowBytes % 16 == 0 && kVRowBytes % 16 == 0 && kStageBytes % 16 == 0,
                 "16-byte aligned rows");
+  static_assert(kVRowUnits >= 1 && kVRowUnits <= 8 && (kVRowUnits & (kVRowUnits - 1)) == 0,
+                "vLLM V rows of 1, 2, 4 or 8 units: the swizzle spans the 8 bank groups");
   static_assert(kPartitionSize % kWarpSize == 0, "partitions are whole tiles");
   static_assert(!kMma || (kTileTokens % 8 == 0 && kMaxDims % 16 == 0 && kHeadTile <= kMmaHeads),
                 "tensor-core tiles: blocks of 8 tokens, slices of 16 dims, at most 8 heads");
