@@ -216,14 +216,26 @@ if selected check; then
   run_step check 20 "$PY" -m paged_attention_ext check
 fi
 
+# find_cuda_tool NAME [EXTRA_PATH...]: prints the first executable NAME on PATH, in
+# $CUDA_HOME/bin, in /usr/local/cuda/bin, or at an EXTRA_PATH; nothing when there is none.
+find_cuda_tool() {
+  local name="$1" candidate
+  shift
+  for candidate in "$(command -v "$name" 2>/dev/null)" "${CUDA_HOME:+$CUDA_HOME/bin/$name}" \
+                   "/usr/local/cuda/bin/$name" "$@"; do
+    if [[ -n "$candidate" && -x "$candidate" ]]; then echo "$candidate"; return 0; fi
+  done
+}
+# skip_missing_tool STEP TOOL: the row of a step whose tool is missing (counted as failed).
+skip_missing_tool() {
+  echo "== $1: SKIPPED, no $2 (PATH, \$CUDA_HOME/bin, /usr/local/cuda/bin)"
+  echo "| $1 | SKIPPED (no $2) | 0 | |" >> "$RESULTS"
+  FAILED=$((FAILED + 1))
+}
+
 # ---- 5. compute-sanitizer on every kernel path (paged_attention_ext/tools/sanitizer_cases.py) ----
 # compute-sanitizer ships with the CUDA toolkit, next to nvcc.
-SANITIZER=""
-for candidate in "$(command -v compute-sanitizer 2>/dev/null)" \
-                 "${CUDA_HOME:+$CUDA_HOME/bin/compute-sanitizer}" \
-                 /usr/local/cuda/bin/compute-sanitizer; do
-  if [[ -n "$candidate" && -x "$candidate" ]]; then SANITIZER="$candidate"; break; fi
-done
+SANITIZER="$(find_cuda_tool compute-sanitizer)"
 # sanitizer_step NAME LIMIT SANITIZER_OPTION... -- [PROGRAM_ARGUMENT...]: the program under
 # compute-sanitizer, every tensor its own cudaMalloc (PYTORCH_NO_CUDA_MEMORY_CACHING=1); exit 1
 # on any finding (and the program's own 1 on a mismatch: the log says which).
@@ -234,9 +246,7 @@ sanitizer_step() {
   while [[ $# -gt 0 && "$1" != "--" ]]; do tool_args+=("$1"); shift; done
   [[ $# -gt 0 ]] && shift
   if [[ -z "$SANITIZER" ]]; then
-    echo "== $name: SKIPPED, no compute-sanitizer (PATH, \$CUDA_HOME/bin, /usr/local/cuda/bin)"
-    echo "| $name | SKIPPED (no compute-sanitizer) | 0 | |" >> "$RESULTS"
-    FAILED=$((FAILED + 1))
+    skip_missing_tool "$name" compute-sanitizer
     return 1
   fi
   run_step "$name" "$limit" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
@@ -283,16 +293,11 @@ fi
 # the filter picks (the 6th attention kernel of a bench run: past the oracle check and
 # warm-up); clocks left alone (--clock-control none). profile_<layout>.log ends with the details
 # page; profile_<layout>.ncu-rep opens in Nsight Compute.
-NCU=""
-for candidate in "$(command -v ncu 2>/dev/null)" "${CUDA_HOME:+$CUDA_HOME/bin/ncu}" \
-                 /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu; do
-  if [[ -n "$candidate" && -x "$candidate" ]]; then NCU="$candidate"; break; fi
-done
+NCU="$(find_cuda_tool ncu /opt/nvidia/nsight-compute/*/ncu)"
 profile_step() {
   local layout="$1" contender="$2" name="profile_$1"
   if [[ -z "$NCU" ]]; then
-    echo "| $name | SKIPPED (no ncu) | 0 | |" >> "$RESULTS"
-    FAILED=$((FAILED + 1))
+    skip_missing_tool "$name" ncu
     return 1
   fi
   run_step "$name" 60 bash -c '"$0" --clock-control none --set full --import-source no \
