@@ -288,11 +288,11 @@ if selected bench; then
 fi
 
 # ---- 7. Nsight Compute on one attention launch per layout (big-batch, default kernel) ----
-# Where the tensor-core path's time goes on vLLM's layout against token-major (docs/CUDA.md
-# "First GPU run": 1.6-1.7x slower with the same bytes). ncu --set full replays the one launch
-# the filter picks (the 6th attention kernel of a bench run: past the oracle check and
-# warm-up); clocks left alone (--clock-control none). profile_<layout>.log ends with the details
-# page; profile_<layout>.ncu-rep opens in Nsight Compute.
+# Where the default kernel's time goes on each layout (DRAM against L2 throughput, excess sectors:
+# docs/CUDA.md "Second GPU session" found vLLM's layout L2-bound this way). ncu --set full
+# replays the one launch the filter picks (the 6th attention kernel of a bench run: past the
+# oracle check and warm-up); clocks left alone (--clock-control none). profile_<layout>.log ends
+# with the details page; profile_<layout>.ncu-rep opens in Nsight Compute.
 NCU="$(find_cuda_tool ncu /opt/nvidia/nsight-compute/*/ncu)"
 profile_step() {
   local layout="$1" contender="$2" name="profile_$1"

@@ -29,11 +29,13 @@
 //   multiples of 32 tokens, static_assert below), so a vLLM V chunk never straddles two blocks.
 //   Lanes < kTileTokens first resolve their token's block (the one block-table read per token;
 //   token -> (table entry, slot) by a launch-wide FastDivmod, no runtime division), its
-//   blocksparse head mask and its K / V offsets. For K and token-major V lane l then copies
-//   chunks l / kTileTokens + j * (32 / kTileTokens) of token l % kTileTokens, so one copy
-//   instruction covers whole 32-byte sectors of every token's row and a lane fetches its token's
-//   info by shuffle once per tile; vLLM V goes as runs of kX consecutive tokens of one dim
-//   (contiguous within a block). The copy loops have compile-time trip counts (the
+//   blocksparse head mask and its K / V offsets. For K and token-major V the tile's tokens go
+//   in groups of kCopyTokens = min(kTileTokens, 8): in group c lane l copies chunks
+//   l / kCopyTokens + j * (32 / kCopyTokens) of token 8c + l % kCopyTokens, so one copy
+//   instruction covers >= 64 bytes of each of 8 token-major rows (whole 128-byte runs of vLLM's
+//   K chunks) and a lane fetches a token's info by shuffle once per group; vLLM V goes as runs
+//   of kX consecutive tokens of one dim (contiguous within a block: with 16-bit 16-token tiles
+//   one instruction reads 16 dims' whole 32-byte rows, 512 contiguous bytes). The copy loops have compile-time trip counts (the
 //   instantiation's largest row, chunks past head_size skipped) and a running source pointer;
 //   the ring's shared-memory address is converted once. vLLM V whose block size is not a
 //   multiple of the chunk (16 / element size tokens), and token-major V whose token stride is not
@@ -129,10 +131,13 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
   constexpr int kVVec = kElem == 4 ? 4 : 8;                           // V tokens per read
   constexpr int kVBytes = kVVec * kElem;                              // 16 or 8 bytes
   static_assert(kX % 4 == 0 && kVVec % 4 == 0 && kTile % kVVec == 0, "vector widths");
-  // the copies (issue_tile): K / token-major V rows in chunks of 16 bytes, kVecStep tokens'
-  // chunks per instruction; vLLM V in kGroups chunks per dim row, kDimStep dims per instruction
+  // the copies (issue_tile): K / token-major V rows in chunks of 16 bytes, kCopyTokens tokens
+  // per instruction (kVecStep chunks of each), kCopyGroups instructions for the tile's tokens;
+  // vLLM V in kGroups chunks per dim row, kDimStep dims per instruction
   constexpr int kRowChunks = kMaxDims / kX;
-  constexpr int kVecStep = kWarpSize / kTile;
+  constexpr int kCopyTokens = kTile < 8 ? kTile : 8;
+  constexpr int kCopyGroups = kTile / kCopyTokens;
+  constexpr int kVecStep = kWarpSize / kCopyTokens;
   constexpr int kVecIters = (kRowChunks + kVecStep - 1) / kVecStep;
   constexpr int kGroups = kTile / kX;
   constexpr int kDimStep = kWarpSize / kGroups;
@@ -257,30 +262,37 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
       }
       if (lane < kTile) smem_masks[warp][slot][lane] = mask;
 
-      // K, and token-major V: lane copies chunks vec = lane / kTile + j * kVecStep of token
-      // lane % kTile, so one copy instruction of the warp covers kVecStep consecutive chunks of
-      // each of the tile's tokens (whole 32-byte sectors), a lane's token info is fetched once
-      // per tile and its source advances by a fixed step. The loops run over the
-      // instantiation's largest row (compile-time trip counts) and skip chunks past head_size.
-      // A token that is not read copies 0 bytes from the cache's first element.
-      const int tok = lane % kTile;
-      const int vec0 = lane / kTile;
-      const bool tok_read = __shfl_sync(0xffffffffu, mask, tok) != 0;
-      const int chunk_bytes = tok_read ? 16 : 0;
-      // this lane's chunks of token tok's row: cache row at head + off, chunk i at i *
-      // chunk_stride elements; shared-memory row at `row`
-      auto copy_token_row = [&](const CacheT* head, int64_t off, int64_t chunk_stride,
-                                SharedAddress row) {
-        const CacheT* src = tok_read ? head + off + vec0 * chunk_stride : head;
-        const int64_t src_step = tok_read ? kVecStep * chunk_stride : 0;
-        const SharedAddress dst = row + vec0 * 16;
+      // K, and token-major V: in group c (of kCopyGroups) lane copies chunks vec = lane /
+      // kCopyTokens + j * kVecStep of token c * kCopyTokens + lane % kCopyTokens, so one copy
+      // instruction of the warp covers kVecStep consecutive chunks of each of kCopyTokens
+      // tokens: at least 64 bytes of each token-major row (NOTE: 16 tokens x 32 bytes per
+      // instruction doubled the L2 requests per byte and cost a quarter of the bandwidth on the
+      // H200, docs/CUDA.md), and whole 128-byte runs of vLLM's K chunks. A lane fetches a
+      // token's info by shuffle once per group and its source advances by a fixed step. The
+      // loops run over the instantiation's largest row (compile-time trip counts) and skip
+      // chunks past head_size. A token that is not read copies 0 bytes from the cache's first
+      // element.
+      const int vec0 = lane / kCopyTokens;
+      // the tile's rows of one cache: token t's row at head + off (off: lane t's), chunk i at
+      // i * chunk_stride elements; shared-memory row of token t at rows + t * row_bytes
+      auto copy_token_rows = [&](const CacheT* head, int64_t off, int64_t chunk_stride,
+                                 SharedAddress rows, int row_bytes) {
 #pragma unroll
-        for (int j = 0; j < kVecIters; ++j, src += src_step)
-          if (vec0 + j * kVecStep < num_k_vecs)
-            copy16_async(dst + j * kVecStep * 16, src, chunk_bytes);
+        for (int c = 0; c < kCopyGroups; ++c) {
+          const int tok = c * kCopyTokens + lane % kCopyTokens;
+          const bool tok_read = __shfl_sync(0xffffffffu, mask, tok) != 0;
+          const int64_t tok_off = shfl_int64(off, tok);
+          const int chunk_bytes = tok_read ? 16 : 0;
+          const CacheT* src = tok_read ? head + tok_off + vec0 * chunk_stride : head;
+          const int64_t src_step = tok_read ? kVecStep * chunk_stride : 0;
+          const SharedAddress dst = rows + (tok * row_bytes + vec0 * 16);
+#pragma unroll
+          for (int j = 0; j < kVecIters; ++j, src += src_step)
+            if (vec0 + j * kVecStep < num_k_vecs)
+              copy16_async(dst + j * kVecStep * 16, src, chunk_bytes);
+        }
       };
-      copy_token_row(k_head, shfl_int64(k_off, tok), k_vec_stride,
-                     k_copy_dst + tok * Cfg::kKRowBytes);
+      copy_token_rows(k_head, k_off, k_vec_stride, k_copy_dst, Cfg::kKRowBytes);
       // V
       if (v_chunked && !token_major) {
         // vLLM V: [dim][token] rows; lane copies the kX tokens from (lane % kGroups) * kX of dims
@@ -300,8 +312,7 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
             copy16_async(v_copy_dst + Cfg::v_offset(d0 + j * kDimStep, v_tok * kElem), src,
                          bytes);
       } else if (v_chunked) {  // token-major V: [token][dim] rows, as K
-        copy_token_row(v_head, shfl_int64(v_off, tok), kX,
-                       v_copy_dst + tok * Cfg::kVTokenRowBytes);
+        copy_token_rows(v_head, v_off, kX, v_copy_dst, Cfg::kVTokenRowBytes);
       } else {  // element by element, into the form's layout (0 where not read)
         const int v_elems = kTile * head_size;
 #pragma unroll 1

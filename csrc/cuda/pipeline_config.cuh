@@ -4,7 +4,8 @@
 // launcher (attention_launch.cuh) reads kSmemBytes from here.
 #pragma once
 
-#include "../core/params.h"  // kPartitionSize
+#include "../core/host_device.h"  // PA_HOST_DEVICE
+#include "../core/params.h"       // kPartitionSize
 #include "gqa_mma.cuh"        // kMmaHeads
 
 namespace paged_attn {
@@ -69,11 +70,11 @@ struct PipelineConfig {
   static constexpr int kVRowBytes = kTileTokens * kElem;
   static constexpr int kVRowUnits = kVRowBytes / 16;  // 1, 2, 4 or 8
   static constexpr int kVRowsPerBankCycle = 8 / kVRowUnits;  // rows that span the 8 bank groups
-  __host__ __device__ __forceinline__ static constexpr int v_unit_swizzle(int dim) {
+  PA_HOST_DEVICE static constexpr int v_unit_swizzle(int dim) {
     return (dim / kVRowsPerBankCycle) % kVRowUnits;
   }
   // Byte offset in the stage's V of byte `byte` (< kVRowBytes) of dim `dim`'s row.
-  __host__ __device__ __forceinline__ static constexpr int v_offset(int dim, int byte) {
+  PA_HOST_DEVICE static constexpr int v_offset(int dim, int byte) {
     return dim * kVRowBytes + ((((byte >> 4) ^ v_unit_swizzle(dim)) << 4) | (byte & 15));
   }
   static constexpr int kVTokenRowBytes =  // token-major V (tensor cores: the A fragment reads
