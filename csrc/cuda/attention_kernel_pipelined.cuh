@@ -35,8 +35,9 @@
 //   instruction covers >= 64 bytes of each of 8 token-major rows (whole 128-byte runs of vLLM's
 //   K chunks) and a lane fetches a token's info by shuffle once per group; vLLM V goes as runs
 //   of kX consecutive tokens of one dim (contiguous within a block: with 16-bit 16-token tiles
-//   one instruction reads 16 dims' whole 32-byte rows, 512 contiguous bytes). The copy loops have compile-time trip counts (the
-//   instantiation's largest row, chunks past head_size skipped) and a running source pointer;
+//   one instruction reads 16 dims' whole 32-byte rows, 512 contiguous bytes). The copy loops
+//   have compile-time trip counts (the instantiation's largest row, chunks past head_size
+//   skipped) and a running source pointer;
 //   the ring's shared-memory address is converted once. vLLM V whose block size is not a
 //   multiple of the chunk (16 / element size tokens), and token-major V whose token stride is not
 //   16-byte aligned, are copied element by element (plain loads, no cp.async: correct, slower).
@@ -266,8 +267,8 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
       // kCopyTokens + j * kVecStep of token c * kCopyTokens + lane % kCopyTokens, so one copy
       // instruction of the warp covers kVecStep consecutive chunks of each of kCopyTokens
       // tokens: at least 64 bytes of each token-major row (NOTE: 16 tokens x 32 bytes per
-      // instruction doubled the L2 requests per byte and cost a quarter of the bandwidth on the
-      // H200, docs/CUDA.md), and whole 128-byte runs of vLLM's K chunks. A lane fetches a
+      // instruction doubles the L2 requests per byte; docs/CUDA.md "Second GPU session"), and
+      // whole 128-byte runs of vLLM's K chunks. A lane fetches a
       // token's info by shuffle once per group and its source advances by a fixed step. The
       // loops run over the instantiation's largest row (compile-time trip counts) and skip
       // chunks past head_size. A token that is not read copies 0 bytes from the cache's first
