@@ -11,6 +11,14 @@ from .timing import FULL, QUICK
 
 COLUMNS = ("shape", "contender", "ms (median)", "spread", "GB/s", "% read BW", "ours x",
            "x oracle", "max err", "ok", "peak MiB", "note")
+HOST_COLUMN = "host ms"  # CUDA only: the host's time in the call, after "spread"
+
+
+def columns(device: str) -> tuple:
+    if device != "cuda":
+        return COLUMNS
+    at = COLUMNS.index("spread") + 1
+    return COLUMNS[:at] + (HOST_COLUMN,) + COLUMNS[at:]
 
 
 def to_dict(result: BenchResult, machine: dict) -> dict:
@@ -27,7 +35,9 @@ def to_dict(result: BenchResult, machine: dict) -> dict:
                    "contenders": list(c.contenders), "seed": c.seed,
                    "timing": {"warmup": plan.warmup, "max_reps": plan.max_reps,
                               "min_reps": plan.min_reps, "budget_s": plan.budget_s,
-                              "statistic": "median", "caches": "flushed before every call"}},
+                              "statistic": "median", "caches": "flushed before every call",
+                              "clock": ("GPU time between CUDA events, the host's part kept "
+                                        "out" if c.device == "cuda" else "wall time")}},
         "bandwidth": result.bandwidth.as_dict(),
         "memory_method": MEMORY_METHOD.get(c.device, "not measured"),
         "bytes_counted": "K and V of every token once (fp8: 1 byte) + query + out",
@@ -52,7 +62,7 @@ def _small(value: Optional[float]) -> str:
     return f"{value:.0f}" if value >= 100 else (f"{value:.1f}" if value >= 1 else f"{value:.2f}")
 
 
-def _cells(row: dict) -> list:
+def _cells(row: dict, device: str) -> list:
     timing = row.get("timing")
     spread = None
     if timing and timing["median_ms"] > 0:
@@ -60,9 +70,10 @@ def _cells(row: dict) -> list:
     peak = row.get("peak_mem_bytes")
     contender = row["contender"] + (" *" if row["contender"] == f"ours-{row['vllm_pick']}" else "")
     ok = {True: "yes", False: "FAIL", None: "-"}[row.get("correct")]
+    host = [_fmt((timing or {}).get("host_median_ms"), ".3f")] if device == "cuda" else []
     return [row["label"], contender, _fmt(row["median_ms"], ".3f"),
-            _fmt(spread, ".0f") + ("%" if spread is not None else ""), _small(row["gbps"]),
-            _small(row["pct_of_read_bw"]), _fmt(row.get("speedup"), ".2f"),
+            _fmt(spread, ".0f") + ("%" if spread is not None else ""), *host,
+            _small(row["gbps"]), _small(row["pct_of_read_bw"]), _fmt(row.get("speedup"), ".2f"),
             _small(row.get("vs_oracle")), _fmt(row.get("max_abs_err"), ".1e"), ok,
             _fmt(None if peak is None else peak / 2**20, ".1f"), row.get("note", "")]
 
@@ -70,6 +81,9 @@ def _cells(row: dict) -> list:
 def header_lines(data: dict) -> list:
     m, c, bw = data["machine"], data["config"], data["bandwidth"]
     where = m.get("gpu") or f"{m['host_cpu']}, {m['cpu_cores']} cores"
+    timed = ("ms = GPU time of the call between two CUDA events, its host part kept out "
+             "(a GPU-side wait covers it); host ms = the host's time in the call"
+             if c["device"] == "cuda" else "ms = wall time of the call")
     return [
         f"{m['date']}  {where}  torch {m['torch']}  threads {m['torch_threads']}  "
         f"torch SIMD {m['cpu_capability']}  our CPU kernel {m.get('cpu_kernel', '?')}  "
@@ -85,6 +99,7 @@ def header_lines(data: dict) -> list:
         "ours x = contender time / time of our op vLLM would pick (marked *); "
         "x oracle = oracle time / contender time; "
         "spread = interquartile range / median; peak = " + data["memory_method"],
+        timed,
     ]
 
 
@@ -96,7 +111,8 @@ def print_table(data: dict, console=None):
     for line in header_lines(data):
         console.print(line, highlight=False, markup=False)
     table = Table(show_lines=False)
-    for name in COLUMNS:
+    device = data["config"]["device"]
+    for name in columns(device):
         table.add_column(name, justify="left" if name in ("shape", "contender", "note", "ok")
                          else "right", overflow="fold")
     last_label = None
@@ -104,7 +120,7 @@ def print_table(data: dict, console=None):
         if last_label is not None and row["label"] != last_label:
             table.add_section()
         last_label = row["label"]
-        cells = _cells(row)
+        cells = _cells(row, device)
         style = "bold red" if row.get("correct") is False else ("bold" if row["ours"] else None)
         table.add_row(*cells, style=style)
     console.print(table)
@@ -112,8 +128,10 @@ def print_table(data: dict, console=None):
 
 def to_markdown(data: dict) -> str:
     lines = [f"- {line}" for line in header_lines(data)] + [""]
-    lines.append("| " + " | ".join(COLUMNS) + " |")
-    lines.append("|" + "---|" * len(COLUMNS))
+    device = data["config"]["device"]
+    names = columns(device)
+    lines.append("| " + " | ".join(names) + " |")
+    lines.append("|" + "---|" * len(names))
     for row in data["results"]:
-        lines.append("| " + " | ".join(c.replace("|", "/") for c in _cells(row)) + " |")
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in _cells(row, device)) + " |")
     return "\n".join(lines) + "\n"

@@ -159,6 +159,10 @@ def _bench_shape(shape: Shape, config: BenchConfig, plan, flusher, progress) -> 
             timing = time_call(run, config.device, plan, flusher)
             row.update(median_ms=timing.median_ms, timing=timing.as_dict(),
                        gbps=nbytes / timing.median_ms / 1e6)
+            if timing.gpu_caught_up:
+                row["note"] = "; ".join(filter(None, (
+                    row["note"], f"host time inside {timing.gpu_caught_up} of {timing.reps} "
+                                 "timed calls (the call waits for the GPU)")))
         del run
         rows.append(row)
         progress.advance()

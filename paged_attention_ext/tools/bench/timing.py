@@ -5,8 +5,10 @@ CPU: the last-level cache is flushed before every call by reading a buffer twice
 and V come from DRAM, as in a real decode step where the rest of the model ran in between), and
 each call is timed with perf_counter (or another clock: process_time gives CPU time, steadier on
 a shared machine for single-threaded compute in cache, with no_flush). CUDA: L2 flushed the same
-way, each call timed with a pair of CUDA events. NOTE: the flush READS: writing would leave the
-cache full of dirty lines whose write-back would then be charged to the timed call.
+way, each call's GPU work timed with a pair of CUDA events, the host's part of the call kept out
+of the interval (cuda_timing.py), and the host's time for the call kept beside it. NOTE: the
+flush READS: writing would leave the cache full of dirty lines whose write-back would then be
+charged to the timed call.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from typing import Callable, Optional
 
 import torch
 
+from .cuda_timing import GpuCallTimer, TorchCudaGpu
+
 
 @dataclass
 class Timing:
@@ -27,6 +31,8 @@ class Timing:
     q1_ms: float
     q3_ms: float
     reps: int
+    host_median_ms: Optional[float] = None  # CUDA: the host's time in the call (median)
+    gpu_caught_up: int = 0  # CUDA: timed calls whose interval holds host time (cuda_timing.py)
 
     @property
     def spread(self) -> float:
@@ -35,7 +41,8 @@ class Timing:
 
     def as_dict(self) -> dict:
         return {"median_ms": self.median_ms, "min_ms": self.min_ms, "max_ms": self.max_ms,
-                "q1_ms": self.q1_ms, "q3_ms": self.q3_ms, "reps": self.reps}
+                "q1_ms": self.q1_ms, "q3_ms": self.q3_ms, "reps": self.reps,
+                "host_median_ms": self.host_median_ms, "gpu_caught_up": self.gpu_caught_up}
 
 
 def cpu_llc_bytes() -> int:
@@ -97,30 +104,35 @@ def _summarise(times_ms: list) -> Timing:
 
 def time_call(fn: Callable[[], object], device: str, plan: TimingPlan,
               flusher: Optional[CacheFlusher] = None,
-              clock: Callable[[], float] = time.perf_counter) -> Timing:
-    """Median wall time of fn() with cold caches (flusher no_flush: as the caches are; clock: what
-    a CPU call is timed with, e.g. time.process_time for CPU time)."""
+              clock: Callable[[], float] = time.perf_counter, gpu=None) -> Timing:
+    """Median time of fn() with cold caches (flusher no_flush: as the caches are). CPU: wall
+    time by `clock` (e.g. time.process_time for CPU time). CUDA: the GPU's time for the call
+    (`gpu`: the stream to time on, cuda_timing.TorchCudaGpu unless a test passes another), the
+    host's time in it by `clock`."""
     flusher = flusher or CacheFlusher(device)
     for _ in range(plan.warmup):
         fn()
-    times_ms = []
     started = time.perf_counter()
+
+    def more(count: int) -> bool:
+        return count < plan.max_reps and (
+            count < plan.min_reps or time.perf_counter() - started < plan.budget_s)
+
     if device == "cuda":
-        torch.cuda.synchronize()
-        while len(times_ms) < plan.max_reps and (
-                len(times_ms) < plan.min_reps or time.perf_counter() - started < plan.budget_s):
-            flusher()
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times_ms.append(begin.elapsed_time(end))
-    else:
-        while len(times_ms) < plan.max_reps and (
-                len(times_ms) < plan.min_reps or time.perf_counter() - started < plan.budget_s):
-            flusher()
-            begin = clock()
-            fn()
-            times_ms.append((clock() - begin) * 1e3)
+        if gpu is None:
+            torch.cuda.synchronize()
+        timer = GpuCallTimer(gpu or TorchCudaGpu(), flusher, clock)
+        samples = []
+        while more(len(samples)):
+            samples.append(timer(fn))
+        timing = _summarise([s.gpu_ms for s in samples])
+        timing.host_median_ms = statistics.median(s.host_ms for s in samples)
+        timing.gpu_caught_up = sum(s.caught_up for s in samples)
+        return timing
+    times_ms = []
+    while more(len(times_ms)):
+        flusher()
+        begin = clock()
+        fn()
+        times_ms.append((clock() - begin) * 1e3)
     return _summarise(times_ms)
