@@ -158,3 +158,26 @@ def test_cuda_tables_show_the_host_time(tmp_path):
     first = next(line for line in lines if "ours-v2" in line)
     assert first.split("|")[names.index(report.HOST_COLUMN) + 1].strip() == "0.042"
     assert any("host part kept out" in line for line in lines)
+
+
+def test_spin_is_calibrated_once_per_device(monkeypatch):
+    # torch.cuda's part the real stream uses, over the simulated GPU: _sleep spins at 1.5 GHz
+    import types
+
+    gpu = SimGpu()
+    slept = []
+
+    def sleep(cycles):
+        slept.append(cycles)
+        gpu.enqueue(cycles / 1.5e6)
+
+    cuda = types.SimpleNamespace(_sleep=sleep, current_device=lambda: 0,
+                                 Event=lambda enable_timing: SimEvent(gpu))
+    monkeypatch.setattr(cuda_timing, "_cycles_per_ms", {})
+    stream = cuda_timing.TorchCudaGpu(types.SimpleNamespace(cuda=cuda))
+    stream.spin(0.5)
+    calibration = slept[:-1]
+    assert len(calibration) == 3 and slept[-1] == pytest.approx(0.5 * 1.5e6, rel=0.01)
+    stream.spin(2.0)
+    cuda_timing.TorchCudaGpu(types.SimpleNamespace(cuda=cuda)).spin(2.0)
+    assert len(slept) == 6 and slept[-1] == slept[-2] == pytest.approx(2.0 * 1.5e6, rel=0.01)

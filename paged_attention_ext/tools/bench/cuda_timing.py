@@ -29,23 +29,26 @@ HEAD_START_GROWTH = 2.0
 _CALIBRATION_CYCLES = 1 << 22  # ~2 ms at 2 GHz
 
 
+_cycles_per_ms = {}  # CUDA device index -> `_sleep` cycles per millisecond, measured once
+
+
 class TorchCudaGpu:
     """The current CUDA stream, as the timing loop sees it: a spin of some milliseconds, and
-    timing events. Tests give `time_gpu_call` a simulated GPU with the same two methods."""
+    timing events. Tests give GpuCallTimer a simulated GPU with the same two methods."""
 
-    def __init__(self):
-        import torch
-
-        self._torch = torch
-        self._cycles_per_ms = None
+    def __init__(self, torch_module=None):  # a test passes a stand-in for torch
+        if torch_module is None:
+            import torch as torch_module
+        self._torch = torch_module
 
     def event(self):
         return self._torch.cuda.Event(enable_timing=True)
 
     def spin(self, ms: float):
-        if self._cycles_per_ms is None:
-            self._cycles_per_ms = self._calibrate()
-        self._torch.cuda._sleep(max(1, int(ms * self._cycles_per_ms)))
+        device = self._torch.cuda.current_device()
+        if device not in _cycles_per_ms:
+            _cycles_per_ms[device] = self._calibrate()
+        self._torch.cuda._sleep(max(1, int(ms * _cycles_per_ms[device])))
 
     def _calibrate(self) -> float:
         """SM clock cycles per millisecond of `_sleep`, the best of three (a gap before the
