@@ -27,8 +27,6 @@ INITIAL_HEAD_START_MS = 0.25
 MAX_HEAD_START_MS = 50.0
 HEAD_START_GROWTH = 2.0
 _CALIBRATION_CYCLES = 1 << 22  # ~2 ms at 2 GHz
-
-
 _cycles_per_ms = {}  # CUDA device index -> `_sleep` cycles per millisecond, measured once
 
 

@@ -161,8 +161,8 @@ def _bench_shape(shape: Shape, config: BenchConfig, plan, flusher, progress) -> 
                        gbps=nbytes / timing.median_ms / 1e6)
             if timing.gpu_caught_up:
                 row["note"] = "; ".join(filter(None, (
-                    row["note"], f"host time inside {timing.gpu_caught_up} of {timing.reps} "
-                                 "timed calls (the call waits for the GPU)")))
+                    row["note"], f"the GPU waited for the host in {timing.gpu_caught_up} of "
+                                 f"{timing.reps} timed calls: host time included")))
         del run
         rows.append(row)
         progress.advance()
