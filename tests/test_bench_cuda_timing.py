@@ -181,3 +181,21 @@ def test_spin_is_calibrated_once_per_device(monkeypatch):
     stream.spin(2.0)
     cuda_timing.TorchCudaGpu(types.SimpleNamespace(cuda=cuda)).spin(2.0)
     assert len(slept) == 6 and slept[-1] == slept[-2] == pytest.approx(2.0 * 1.5e6, rel=0.01)
+
+
+def test_a_caught_up_call_is_named_in_the_row(monkeypatch, tmp_path):
+    import json
+
+    from paged_attention_ext.tools import cli
+    from paged_attention_ext.tools.bench import runner
+
+    def caught_up_timing(*args, **kwargs):
+        return timing.Timing(1.0, 1.0, 1.0, 1.0, 1.0, 3, host_median_ms=0.5, gpu_caught_up=2)
+
+    monkeypatch.setattr(runner, "time_call", caught_up_timing)
+    path = tmp_path / "b.json"
+    assert cli.main(["bench", "--preset", "tiny", "--no-progress", "--bandwidth-mib", "32",
+                     "--contenders", "ours-v2", "--json", str(path)]) == 0
+    rows = json.loads(path.read_text())["results"]
+    assert rows and all("the GPU waited for the host in 2 of 3 timed calls" in r["note"]
+                        for r in rows)
