@@ -46,8 +46,11 @@
 #      sm_80+: tensor cores for these bf16 GQA presets), then ours alone with
 #      PAGED_ATTN_CUDA_KERNEL=pipelined (CUDA-core math) and =baseline on the same presets
 #      (bench_*_pipelined, bench_*_baseline), to compare the kernels (45 s each, 30 s for the
-#      ours-only ones); in the order: vLLM layout (default, pipelined, baseline), NHD, fp8, then
-#      the NHD pipelined / baseline runs
+#      ours-only ones); then ours and SDPA again with --kernel-times (bench_kernels_vllm / _nhd:
+#      each call's kernels and their own times from torch.profiler); in the order: vLLM layout
+#      (default, pipelined, baseline), NHD, the kernel times, fp8, then the NHD pipelined /
+#      baseline runs. Every CUDA time is the GPU's alone (the bench keeps the host's part of a
+#      call out of it and reports it as "host ms")
 #   7. Nsight Compute (ncu --set full, clocks left alone) on one attention launch of big-batch
 #      per layout, the default kernel: profile_vllm / profile_nhd .log (details page) and
 #      .ncu-rep (60 s each; no ncu: rows "SKIPPED (no ncu)", counted as failed)
@@ -261,7 +264,8 @@ fi
 
 # ---- 6. the benchmark (paged_attention_ext/tools/bench: one harness for CPU and CUDA) ----
 # bench_step NAME KV_LAYOUT CONTENDERS KV_CACHE_DTYPE PRESET...   (env KERNEL: the CUDA attention
-# kernel, PAGED_ATTN_CUDA_KERNEL, read once per process; default: the rule; env LIMIT: seconds)
+# kernel, PAGED_ATTN_CUDA_KERNEL, read once per process; default: the rule; env LIMIT: seconds;
+# env EXTRA: one more bench option, e.g. --kernel-times)
 bench_step() {
   local name="$1" layout="$2" contenders="$3" cache="$4"
   shift 4
@@ -270,7 +274,7 @@ bench_step() {
   run_step "$name" "${LIMIT:-45}" env PAGED_ATTN_CUDA_KERNEL="${KERNEL:-}" \
     "$PY" -m paged_attention_ext bench --device cuda --quick --no-progress \
     --kv-layout "$layout" --kv-cache-dtype "$cache" --contenders "$contenders" "${preset_args[@]}" \
-    --markdown "$OUT_DIR/$name.md" --json "$OUT_DIR/$name.json"
+    ${EXTRA:+"$EXTRA"} --markdown "$OUT_DIR/$name.md" --json "$OUT_DIR/$name.json"
 }
 REGIMES=(big-batch small-batch gqa8 tp8-kv1 long)
 VLLM_CONTENDERS=ours-v2,ours-v1,fallback,oracle,sdpa-dense
@@ -281,6 +285,11 @@ if selected bench; then
   KERNEL=pipelined LIMIT=30 bench_step bench_vllm_pipelined vllm ours-v2,ours-v1 auto "${REGIMES[@]}"
   KERNEL=baseline LIMIT=30 bench_step bench_vllm_baseline vllm ours-v2,ours-v1 auto "${REGIMES[@]}"
   bench_step bench_nhd nhd "$NHD_CONTENDERS" auto "${REGIMES[@]}"
+  # the same calls kernel by kernel (torch.profiler): the kernels' own time against the bench's
+  # GPU time, and the split's reduce apart from the attention kernel
+  EXTRA=--kernel-times bench_step bench_kernels_vllm vllm ours-v2,ours-v1,sdpa-dense auto \
+    "${REGIMES[@]}"
+  EXTRA=--kernel-times bench_step bench_kernels_nhd nhd ours-decode,sdpa-dense auto "${REGIMES[@]}"
   bench_step bench_vllm_fp8 vllm "$VLLM_CONTENDERS" fp8 big-batch small-batch
   bench_step bench_nhd_fp8 nhd "$NHD_CONTENDERS" fp8 big-batch small-batch
   KERNEL=pipelined LIMIT=30 bench_step bench_nhd_pipelined nhd ours-decode auto "${REGIMES[@]}"

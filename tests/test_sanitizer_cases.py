@@ -341,8 +341,13 @@ def test_device_check_runs_only_the_selected_steps(tmp_path):
         assert rows[step] == "not selected"
     bench = {k: v for k, v in rows.items() if k.startswith("bench_")}
     assert set(bench) >= {"bench_vllm", "bench_vllm_pipelined", "bench_vllm_baseline",
-                          "bench_nhd", "bench_nhd_pipelined", "bench_nhd_baseline"}
+                          "bench_nhd", "bench_nhd_pipelined", "bench_nhd_baseline",
+                          "bench_kernels_vllm", "bench_kernels_nhd"}
     assert set(bench.values()) == {"ok"}
+    # the stand-in python logs its arguments: only the kernel-time steps profile
+    for step in bench:
+        log = (tmp_path / "out" / f"{step}.log").read_text()
+        assert ("--kernel-times" in log) == step.startswith("bench_kernels_"), (step, log)
 
 
 def test_device_check_stops_on_old_setuptools_without_a_wheel(tmp_path):

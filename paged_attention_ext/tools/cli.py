@@ -79,6 +79,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--bandwidth-mib", type=int, default=0, metavar="MIB",
                        help="buffer for the bandwidth measurement (default: 16x the CPU's "
                             "last-level cache, at least 256 MiB; 1 GiB on CUDA)")
+    bench.add_argument("--kernel-times", action="store_true",
+                       help="CUDA: also profile our ops' and SDPA's calls kernel by kernel "
+                            "(torch.profiler): the kernels' own time and each kernel's share")
     bench.add_argument("--seed", type=int, default=0, help="seed of the random inputs (0)")
     bench.add_argument("--no-progress", action="store_true", help="no live progress display")
     return parser
@@ -145,10 +148,13 @@ def _bench_config(args):
             raise ValueError(f"head size {shape.head} must be a multiple of x = {x} for "
                              f"{dtype_name} queries with kv_cache_dtype {args.kv_cache_dtype!r}")
     blocksparse = _parse_blocksparse(args.blocksparse, args.kv_layout)
+    if args.kernel_times and device != "cuda":
+        raise ValueError("--kernel-times: profiles CUDA kernels; use it with --device cuda")
     return BenchConfig(device=device, dtype=getattr(torch, dtype_name),
                        kv_cache_dtype=args.kv_cache_dtype, shapes=shapes, contenders=names,
                        full=args.full, seed=args.seed, bandwidth_bytes=args.bandwidth_mib << 20,
-                       kv_layout=args.kv_layout, blocksparse=blocksparse)
+                       kv_layout=args.kv_layout, blocksparse=blocksparse,
+                       kernel_times=args.kernel_times)
 
 
 _BLOCKSPARSE_KEYS = ("tp_rank", "local", "vert", "block", "step")  # v1 / v2's argument order

@@ -12,13 +12,21 @@ from .timing import FULL, QUICK
 COLUMNS = ("shape", "contender", "ms (median)", "spread", "GB/s", "% read BW", "ours x",
            "x oracle", "max err", "ok", "peak MiB", "note")
 HOST_COLUMN = "host ms"  # CUDA only: the host's time in the call, after "spread"
+KERNEL_COLUMN = "kernel ms"  # CUDA with --kernel-times: the call's kernels' own time, after it
 
 
-def columns(device: str) -> tuple:
+def columns(device: str, kernel_times: bool = False) -> tuple:
     if device != "cuda":
         return COLUMNS
     at = COLUMNS.index("spread") + 1
-    return COLUMNS[:at] + (HOST_COLUMN,) + COLUMNS[at:]
+    extra = (HOST_COLUMN, KERNEL_COLUMN) if kernel_times else (HOST_COLUMN,)
+    return COLUMNS[:at] + extra + COLUMNS[at:]
+
+
+def _table_kind(data: dict) -> tuple:
+    """(device, kernel_times) of a result: which columns its tables have."""
+    config = data["config"]
+    return config["device"], bool(config.get("kernel_times"))
 
 
 def to_dict(result: BenchResult, machine: dict) -> dict:
@@ -33,6 +41,7 @@ def to_dict(result: BenchResult, machine: dict) -> dict:
                                             c.blocksparse)) if c.blocksparse else None),
                    "mode": "full" if c.full else "quick",
                    "contenders": list(c.contenders), "seed": c.seed,
+                   "kernel_times": c.kernel_times,
                    "timing": {"warmup": plan.warmup, "max_reps": plan.max_reps,
                               "min_reps": plan.min_reps, "budget_s": plan.budget_s,
                               "statistic": "median", "caches": "flushed before every call",
@@ -62,7 +71,7 @@ def _small(value: Optional[float]) -> str:
     return f"{value:.0f}" if value >= 100 else (f"{value:.1f}" if value >= 1 else f"{value:.2f}")
 
 
-def _cells(row: dict, device: str) -> list:
+def _cells(row: dict, device: str, kernel_times: bool = False) -> list:
     timing = row.get("timing")
     spread = None
     if timing and timing["median_ms"] > 0:
@@ -71,11 +80,17 @@ def _cells(row: dict, device: str) -> list:
     contender = row["contender"] + (" *" if row["contender"] == f"ours-{row['vllm_pick']}" else "")
     ok = {True: "yes", False: "FAIL", None: "-"}[row.get("correct")]
     host = [_fmt((timing or {}).get("host_median_ms"), ".3f")] if device == "cuda" else []
+    note = row.get("note", "")
+    if device == "cuda" and kernel_times:
+        host.append(_fmt((row.get("kernel_times") or {}).get("kernel_ms"), ".3f"))
+        extra = row.get("kernel_summary") or (
+            f"kernel times: {row['kernel_times_error']}" if row.get("kernel_times_error") else "")
+        note = "; ".join(filter(None, (note, extra)))
     return [row["label"], contender, _fmt(row["median_ms"], ".3f"),
             _fmt(spread, ".0f") + ("%" if spread is not None else ""), *host,
             _small(row["gbps"]), _small(row["pct_of_read_bw"]), _fmt(row.get("speedup"), ".2f"),
             _small(row.get("vs_oracle")), _fmt(row.get("max_abs_err"), ".1e"), ok,
-            _fmt(None if peak is None else peak / 2**20, ".1f"), row.get("note", "")]
+            _fmt(None if peak is None else peak / 2**20, ".1f"), note]
 
 
 def header_lines(data: dict) -> list:
@@ -83,6 +98,8 @@ def header_lines(data: dict) -> list:
     where = m.get("gpu") or f"{m['host_cpu']}, {m['cpu_cores']} cores"
     timed = ("ms = GPU time of the call between two CUDA events, its host part kept out "
              "(a GPU-side wait covers it); host ms = the host's time in the call"
+             + ("; kernel ms = the call's kernels' own time (torch.profiler), each kernel's "
+                "median in the note" if c.get("kernel_times") else "")
              if c["device"] == "cuda" else "ms = wall time of the call")
     return [
         f"{m['date']}  {where}  torch {m['torch']}  threads {m['torch_threads']}  "
@@ -111,8 +128,8 @@ def print_table(data: dict, console=None):
     for line in header_lines(data):
         console.print(line, highlight=False, markup=False)
     table = Table(show_lines=False)
-    device = data["config"]["device"]
-    for name in columns(device):
+    kind = _table_kind(data)
+    for name in columns(*kind):
         table.add_column(name, justify="left" if name in ("shape", "contender", "note", "ok")
                          else "right", overflow="fold")
     last_label = None
@@ -120,7 +137,7 @@ def print_table(data: dict, console=None):
         if last_label is not None and row["label"] != last_label:
             table.add_section()
         last_label = row["label"]
-        cells = _cells(row, device)
+        cells = _cells(row, *kind)
         style = "bold red" if row.get("correct") is False else ("bold" if row["ours"] else None)
         table.add_row(*cells, style=style)
     console.print(table)
@@ -128,10 +145,10 @@ def print_table(data: dict, console=None):
 
 def to_markdown(data: dict) -> str:
     lines = [f"- {line}" for line in header_lines(data)] + [""]
-    device = data["config"]["device"]
-    names = columns(device)
+    kind = _table_kind(data)
+    names = columns(*kind)
     lines.append("| " + " | ".join(names) + " |")
     lines.append("|" + "---|" * len(names))
     for row in data["results"]:
-        lines.append("| " + " | ".join(c.replace("|", "/") for c in _cells(row, device)) + " |")
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in _cells(row, *kind)) + " |")
     return "\n".join(lines) + "\n"

@@ -38,6 +38,8 @@ class BenchConfig:
     # A non-ours contender whose single checking call took longer than this is not timed
     # (None: 3 s with --quick, 20 s with --full).
     skip_timing_after_s: Optional[float] = None
+    # CUDA: also profile our ops' and SDPA's calls kernel by kernel (kernel_times.py)
+    kernel_times: bool = False
 
 
 @dataclass
@@ -163,11 +165,27 @@ def _bench_shape(shape: Shape, config: BenchConfig, plan, flusher, progress) -> 
                 row["note"] = "; ".join(filter(None, (
                     row["note"], f"the GPU waited for the host in {timing.gpu_caught_up} of "
                                  f"{timing.reps} timed calls: host time included")))
+            if config.kernel_times and (contender.ours or name == "sdpa-dense"):
+                row.update(_kernel_times(run, flusher, timing))
         del run
         rows.append(row)
         progress.advance()
     _add_speedups(rows, pick)
     return rows
+
+
+def _kernel_times(run, flusher, timing) -> dict:
+    """The row's kernel_times (kernel_times.py), or a note saying why there are none."""
+    from .cuda_timing import INITIAL_HEAD_START_MS, TorchCudaGpu
+    from .kernel_times import profile_kernels
+
+    head_start_ms = max(INITIAL_HEAD_START_MS, 2.0 * (timing.host_median_ms or 0.0))
+    gpu = TorchCudaGpu()
+    try:
+        times = profile_kernels(run, flusher, lambda: gpu.spin(head_start_ms))
+    except Exception as exc:  # the profiler unavailable: the row keeps its timing
+        return {"kernel_times": None, "kernel_times_error": f"{type(exc).__name__}: {exc}"}
+    return {"kernel_times": times.as_dict(), "kernel_summary": times.summary()}
 
 
 def _add_speedups(rows: list, pick: str):
