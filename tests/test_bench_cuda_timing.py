@@ -122,6 +122,7 @@ def test_a_call_that_waits_for_the_gpu_is_reported():
                               flusher=gpu.flush, clock=gpu.clock, gpu=gpu)
     assert result.reps == 5 and result.gpu_caught_up == 5
     assert len(gpu.spins) == 6  # one retry with a longer head start, then no more retries
+    assert result.head_start_ms == gpu.spins[-1] > cuda_timing.INITIAL_HEAD_START_MS
 
 
 def test_time_call_on_cuda_reports_gpu_and_host_medians():
@@ -133,6 +134,7 @@ def test_time_call_on_cuda_reports_gpu_and_host_medians():
     assert result.median_ms == pytest.approx(0.3, abs=1e-9)
     assert result.host_median_ms == pytest.approx(0.2 + ENQUEUE_MS)
     assert result.as_dict()["host_median_ms"] == result.host_median_ms
+    assert result.as_dict()["head_start_ms"] == cuda_timing.INITIAL_HEAD_START_MS  # enough
 
 
 def test_cuda_tables_show_the_host_time(tmp_path):

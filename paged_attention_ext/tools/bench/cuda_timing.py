@@ -19,7 +19,7 @@ too: what a call costs the host in eager mode.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Callable, NamedTuple
 
 # Head start before the first event (ms): the host enqueue of one op call from Python is
 # ~0.01-0.2 ms; a longer one is found and retried with HEAD_START_GROWTH x the host time.
@@ -62,14 +62,13 @@ class TorchCudaGpu:
         return best
 
 
-class GpuSample:
+class GpuSample(NamedTuple):
     """One timed call: GPU time between the events, the host's time in the call, and whether
     the GPU reached the first event before the host had enqueued everything."""
 
-    __slots__ = ("gpu_ms", "host_ms", "caught_up")
-
-    def __init__(self, gpu_ms: float, host_ms: float, caught_up: bool):
-        self.gpu_ms, self.host_ms, self.caught_up = gpu_ms, host_ms, caught_up
+    gpu_ms: float
+    host_ms: float
+    caught_up: bool
 
 
 class GpuCallTimer:

@@ -179,7 +179,9 @@ def _kernel_times(run, flusher, timing) -> dict:
     from .cuda_timing import INITIAL_HEAD_START_MS, TorchCudaGpu
     from .kernel_times import profile_kernels
 
-    head_start_ms = max(INITIAL_HEAD_START_MS, 2.0 * (timing.host_median_ms or 0.0))
+    # the timing's settled head start, or longer: the profiler adds host time to each call
+    head_start_ms = max(timing.head_start_ms or INITIAL_HEAD_START_MS,
+                        2.0 * (timing.host_median_ms or 0.0))
     gpu = TorchCudaGpu()
     try:
         times = profile_kernels(run, flusher, lambda: gpu.spin(head_start_ms))

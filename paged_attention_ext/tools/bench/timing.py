@@ -33,6 +33,7 @@ class Timing:
     reps: int
     host_median_ms: Optional[float] = None  # CUDA: the host's time in the call (median)
     gpu_caught_up: int = 0  # CUDA: timed calls whose interval holds host time (cuda_timing.py)
+    head_start_ms: Optional[float] = None  # CUDA: the GPU's head start the timing settled on
 
     @property
     def spread(self) -> float:
@@ -42,7 +43,8 @@ class Timing:
     def as_dict(self) -> dict:
         return {"median_ms": self.median_ms, "min_ms": self.min_ms, "max_ms": self.max_ms,
                 "q1_ms": self.q1_ms, "q3_ms": self.q3_ms, "reps": self.reps,
-                "host_median_ms": self.host_median_ms, "gpu_caught_up": self.gpu_caught_up}
+                "host_median_ms": self.host_median_ms, "gpu_caught_up": self.gpu_caught_up,
+                "head_start_ms": self.head_start_ms}
 
 
 def cpu_llc_bytes() -> int:
@@ -128,6 +130,7 @@ def time_call(fn: Callable[[], object], device: str, plan: TimingPlan,
         timing = _summarise([s.gpu_ms for s in samples])
         timing.host_median_ms = statistics.median(s.host_ms for s in samples)
         timing.gpu_caught_up = sum(s.caught_up for s in samples)
+        timing.head_start_ms = timer.head_start_ms
         return timing
     times_ms = []
     while more(len(times_ms)):
