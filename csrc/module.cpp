@@ -24,9 +24,15 @@
 //     cuda_runtime_version int (CUDART_VERSION), 0 without CUDA
 //     cuda_attention_kernel str, which CUDA attention kernel runs: PAGED_ATTN_CUDA_KERNEL or the
 //                          rule (cuda/kernel_choice.h), "" without CUDA
+//     cuda_split           str, how the CUDA v1 / decode split aims: PAGED_ATTN_CUDA_SPLIT or the
+//                          default (cuda/kernel_choice.h), "" without CUDA
+//     cuda_pdl             str, whether a split's reduce kernel is launched with programmatic
+//                          dependent launch: PAGED_ATTN_CUDA_PDL (cuda/kernel_choice.h), ""
+//                          without CUDA
 //   cuda_attention_launches([reload]) -> {"baseline": n, "pipelined": n, "mma": n}
 //                          attention launches per CUDA kernel so far ({} without CUDA); a true
-//                          `reload` first reads PAGED_ATTN_CUDA_KERNEL again (tests switch kernels)
+//                          `reload` first reads PAGED_ATTN_CUDA_KERNEL, _SPLIT and _PDL again
+//                          (tests switch settings)
 #include <Python.h>
 
 #include <string>
@@ -172,7 +178,9 @@ bool add_cuda_info(PyObject* info) {
          set_item(info, "cuda_head_sizes", sizes) &&
          set_item(info, "cuda_runtime_version", PyLong_FromLong(cuda::cuda_runtime_version())) &&
          set_item(info, "cuda_attention_kernel",
-                  PyUnicode_FromString(cuda::attention_kernel_setting().c_str()));
+                  PyUnicode_FromString(cuda::attention_kernel_setting().c_str())) &&
+         set_item(info, "cuda_split", PyUnicode_FromString(cuda::split_setting().c_str())) &&
+         set_item(info, "cuda_pdl", PyUnicode_FromString(cuda::pdl_setting().c_str()));
 }
 
 PyObject* cuda_attention_launches(PyObject*, PyObject* args) {
@@ -197,7 +205,9 @@ bool add_cuda_info(PyObject* info) {
          set_item(info, "cuda_attention_pairs", PyList_New(0)) &&
          set_item(info, "cuda_head_sizes", PyList_New(0)) &&
          set_item(info, "cuda_runtime_version", PyLong_FromLong(0)) &&
-         set_item(info, "cuda_attention_kernel", PyUnicode_FromString(""));
+         set_item(info, "cuda_attention_kernel", PyUnicode_FromString("")) &&
+         set_item(info, "cuda_split", PyUnicode_FromString("")) &&
+         set_item(info, "cuda_pdl", PyUnicode_FromString(""));
 }
 
 PyObject* cuda_attention_launches(PyObject*, PyObject* args) {
@@ -229,7 +239,7 @@ PyMethodDef methods[] = {
     {"build_info", build_info, METH_NOARGS,
      "What this build compiled and registered (see paged_attention_ext.build_info)."},
     {"cuda_attention_launches", cuda_attention_launches, METH_VARARGS,
-     "Attention launches per CUDA kernel so far; reload=True re-reads PAGED_ATTN_CUDA_KERNEL."},
+     "Attention launches per CUDA kernel so far; reload=True re-reads the CUDA settings."},
     {nullptr, nullptr, 0, nullptr},
 };
 

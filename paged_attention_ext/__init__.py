@@ -97,6 +97,12 @@ def build_info():
       cuda_attention_kernel which CUDA attention kernel runs ("auto: mma where the code ...",
                             or the kernel PAGED_ATTN_CUDA_KERNEL forces; docs/CUDA.md); "" without
                             CUDA
+      cuda_split            how the CUDA v1 / decode ops split rows across thread blocks ("auto: 8
+                            blocks per SM", or what PAGED_ATTN_CUDA_SPLIT sets; docs/CUDA.md); ""
+                            without CUDA
+      cuda_pdl              whether a split's reduce kernel is launched with programmatic dependent
+                            launch ("off", or "on where ..." with PAGED_ATTN_CUDA_PDL=1;
+                            docs/CUDA.md); "" without CUDA
     None when `_C` is not loaded (extension_status() says why)."""
     if not extension_loaded():
         return None

@@ -77,7 +77,7 @@ pair = re.compile(launcher.format("void", "launch_paged_attention"))
 others = [re.compile(launcher.format("void", "launch_paged_attention_pipelined")),
           re.compile(launcher.format("bool", "launch_paged_attention_mma"))]
 group = re.compile(r"template struct AttentionDims<ScalarKind::(\w+), CacheKind::(\w+), (\d+)>")
-reduce = re.compile(r"template void launch_v2_reduce<ScalarKind::(\w+)>")
+reduce = re.compile(r"template cudaError_t launch_v2_reduce<ScalarKind::(\w+)>")
 dtypes = set()
 for f in glob.glob(os.path.join(gen_dir, "attention_*.cu")):
     dtypes |= {m.group(1) for m in pair.finditer(open(f).read())}

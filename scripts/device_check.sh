@@ -47,10 +47,12 @@
 #      PAGED_ATTN_CUDA_KERNEL=pipelined (CUDA-core math) and =baseline on the same presets
 #      (bench_*_pipelined, bench_*_baseline), to compare the kernels (45 s each, 30 s for the
 #      ours-only ones); then ours and SDPA again with --kernel-times (bench_kernels_vllm / _nhd:
-#      each call's kernels and their own times from torch.profiler); in the order: vLLM layout
-#      (default, pipelined, baseline), NHD, the kernel times, fp8, then the NHD pipelined /
-#      baseline runs. Every CUDA time is the GPU's alone (the bench keeps the host's part of a
-#      call out of it and reports it as "host ms")
+#      each call's kernels and their own times from torch.profiler); ours with the split's
+#      reduce launched programmatically (bench_vllm_pdl: PAGED_ATTN_CUDA_PDL=1); v1 alone under
+#      the split plans of SPLIT_SWEEP (bench_split_<value>: PAGED_ATTN_CUDA_SPLIT, 30 s each);
+#      in the order: vLLM layout (default, pipelined, baseline), NHD, the kernel times, PDL,
+#      fp8, the split sweep, then the NHD pipelined / baseline runs. Every CUDA time is the GPU's alone (the
+#      bench keeps the host's part of a call out of it and reports it as "host ms")
 #   7. Nsight Compute (ncu --set full, clocks left alone) on one attention launch of big-batch
 #      per layout, the default kernel: profile_vllm / profile_nhd .log (details page) and
 #      .ncu-rep (60 s each; no ncu: rows "SKIPPED (no ncu)", counted as failed)
@@ -264,19 +266,26 @@ fi
 
 # ---- 6. the benchmark (paged_attention_ext/tools/bench: one harness for CPU and CUDA) ----
 # bench_step NAME KV_LAYOUT CONTENDERS KV_CACHE_DTYPE PRESET...   (env KERNEL: the CUDA attention
-# kernel, PAGED_ATTN_CUDA_KERNEL, read once per process; default: the rule; env LIMIT: seconds;
-# env EXTRA: one more bench option, e.g. --kernel-times)
+# kernel, PAGED_ATTN_CUDA_KERNEL, read once per process; default: the rule; env SPLIT: the v1 /
+# decode split's aim, PAGED_ATTN_CUDA_SPLIT; default: the plan's own; env PDL: 1 launches the
+# split's reduce with programmatic dependent launch, PAGED_ATTN_CUDA_PDL; env LIMIT: seconds; env
+# EXTRA: one more bench option, e.g. --kernel-times)
 bench_step() {
   local name="$1" layout="$2" contenders="$3" cache="$4"
   shift 4
   local preset_args=()
   for preset in "$@"; do preset_args+=(--preset "$preset"); done
   run_step "$name" "${LIMIT:-45}" env PAGED_ATTN_CUDA_KERNEL="${KERNEL:-}" \
+    PAGED_ATTN_CUDA_SPLIT="${SPLIT:-}" PAGED_ATTN_CUDA_PDL="${PDL:-}" \
     "$PY" -m paged_attention_ext bench --device cuda --quick --no-progress \
     --kv-layout "$layout" --kv-cache-dtype "$cache" --contenders "$contenders" "${preset_args[@]}" \
     ${EXTRA:+"$EXTRA"} --markdown "$OUT_DIR/$name.md" --json "$OUT_DIR/$name.json"
 }
 REGIMES=(big-batch small-batch gqa8 tp8-kv1 long)
+# PAGED_ATTN_CUDA_SPLIT values for the split sweep ("B": aim at B blocks per SM, ":T" partitions
+# of at least T tiles of 128 tokens; bench_vllm runs the default, 8:2); the plans they give the
+# presets: docs/CUDA.md "Splitting the KV range" (tests/test_split_plan.py keeps the three equal)
+SPLIT_SWEEP=(off 4 16 8:1 32:1)
 VLLM_CONTENDERS=ours-v2,ours-v1,fallback,oracle,sdpa-dense
 NHD_CONTENDERS=ours-decode,fallback,oracle,sdpa-dense
 if selected bench; then
@@ -290,8 +299,14 @@ if selected bench; then
   EXTRA=--kernel-times bench_step bench_kernels_vllm vllm ours-v2,ours-v1,sdpa-dense auto \
     "${REGIMES[@]}"
   EXTRA=--kernel-times bench_step bench_kernels_nhd nhd ours-decode,sdpa-dense auto "${REGIMES[@]}"
+  # the split's reduce launched with programmatic dependent launch (sm_90+), against bench_vllm
+  PDL=1 LIMIT=30 bench_step bench_vllm_pdl vllm ours-v2,ours-v1 auto "${REGIMES[@]}"
   bench_step bench_vllm_fp8 vllm "$VLLM_CONTENDERS" fp8 big-batch small-batch
   bench_step bench_nhd_fp8 nhd "$NHD_CONTENDERS" fp8 big-batch small-batch
+  # v1 under other split plans, ours alone: the data to set core/split_plan.h's defaults by
+  for split in "${SPLIT_SWEEP[@]}"; do
+    SPLIT="$split" LIMIT=30 bench_step "bench_split_${split/:/_}" vllm ours-v1 auto "${REGIMES[@]}"
+  done
   KERNEL=pipelined LIMIT=30 bench_step bench_nhd_pipelined nhd ours-decode auto "${REGIMES[@]}"
   KERNEL=baseline LIMIT=30 bench_step bench_nhd_baseline nhd ours-decode auto "${REGIMES[@]}"
 fi

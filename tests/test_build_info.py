@@ -30,8 +30,10 @@ def build():
 def test_keys_and_types(build):
     assert set(build) == {"torch_version", "cpu_kernel_variants", "registered_kernels", "cuda",
                           "cuda_archs", "cuda_attention_pairs", "cuda_head_sizes",
-                          "cuda_runtime_version", "cuda_attention_kernel", "compiler", "openmp"}
+                          "cuda_runtime_version", "cuda_attention_kernel", "cuda_split", "cuda_pdl",
+                          "compiler", "openmp"}
     assert isinstance(build["cuda"], bool) and isinstance(build["cuda_attention_kernel"], str)
+    assert isinstance(build["cuda_split"], str) and isinstance(build["cuda_pdl"], str)
     assert isinstance(build["openmp"], bool) and isinstance(build["compiler"], str)
     assert pa.build_info() == build  # a fresh object each call, same content
 
@@ -68,6 +70,7 @@ def test_cpu_only_build_reports_no_cuda(build):
     assert build["cuda_archs"] == [] and build["cuda_attention_pairs"] == []
     assert build["cuda_head_sizes"] == [] and build["cuda_runtime_version"] == 0
     assert build["cuda_attention_kernel"] == "" and pa._C.cuda_attention_launches() == {}
+    assert build["cuda_split"] == build["cuda_pdl"] == ""
 
 
 def _launcher_symbols(path, launcher="launch_paged_attention"):
@@ -137,8 +140,11 @@ def test_info_prints_the_build(build):
     assert lines["_C CPU kernels"] == ", ".join(build["registered_kernels"]["CPU"])
     assert ("CUDA attention" in lines) == build["cuda"]
     assert ("CUDA attention kernel" in lines) == build["cuda"]
+    assert ("CUDA v1 / decode split" in lines) == ("CUDA reduce launch" in lines) == build["cuda"]
     if build["cuda"]:
         assert lines["CUDA attention kernel"].startswith(build["cuda_attention_kernel"])
+        assert lines["CUDA v1 / decode split"].startswith(build["cuda_split"])
+        assert build["cuda_pdl"] in lines["CUDA reduce launch"]
 
 
 def test_none_without_the_extension():

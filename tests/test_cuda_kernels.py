@@ -695,6 +695,32 @@ def test_one_pass_when_the_rows_fill_the_gpu(kernel_ops):
     _check_decode(kernel_ops, short)
 
 
+# PAGED_ATTN_CUDA_SPLIT (csrc/cuda/kernel_choice.h): other plans for the same call, never another
+# result. 256:1 cuts rows into one-tile (128-token) partitions, as many as the grid allows.
+SPLIT_SETTINGS = ("off", "1", "32", "256:1")
+
+
+@pytest.mark.parametrize("split", SPLIT_SETTINGS)
+@pytest.mark.parametrize("case", [SPLIT_CASES[1], SPLIT_CASES[4]], ids=lambda c: c[0])
+def test_every_split_setting_gives_the_reference(kernel_ops, split, case):
+    _, s, h, kvh, d, bs, lens, dtype, alibi = case
+    dec = testing.make_decode_inputs(s, h, kvh, d, bs, lens, layout="nhd", dtype=dtype,
+                                     use_alibi=alibi, device=DEV, seed=7)
+    with testing.cuda_kernel_setting(split, env=testing.CUDA_SPLIT_ENV):
+        setting = paged_attention_ext.build_info()["cuda_split"]
+        assert setting.endswith(f"(PAGED_ATTN_CUDA_SPLIT={split})"), setting
+        _check_v1(kernel_ops, dec.legacy)
+        _check_decode(kernel_ops, dec)
+
+
+def test_a_bad_split_setting_is_a_clear_error(ops):
+    inputs = make_attention_inputs(1, 4, 2, 64, 16, [30], dtype=torch.float16, device=DEV)
+    with testing.cuda_kernel_setting("lots", env=testing.CUDA_SPLIT_ENV):
+        with pytest.raises(RuntimeError, match=r"PAGED_ATTN_CUDA_SPLIT='lots' is not a split"):
+            call_v1(ops.v1, inputs, alloc_v1_outputs(inputs))
+        call_v2(ops.v2, inputs, alloc_v2_outputs(inputs))  # v2's partitions are the contract's
+
+
 @pytest.mark.parametrize("op", ["v1", "decode"])
 def test_split_bad_data_gives_nan_rows(kernel_ops, op):
     """On the split path the reduce kernel writes the NaN rows: a used block id past the pool or
@@ -720,11 +746,18 @@ def test_split_bad_data_gives_nan_rows(kernel_ops, op):
     assert_out_matches(out[:1], expected[:1], torch.float16)
 
 
+@pytest.mark.parametrize("pdl", ["0", "1"])
 @pytest.mark.parametrize("op", ["v1", "decode"])
-def test_split_under_graph_replay_with_new_lengths(kernel_ops, op):
+def test_split_under_graph_replay_with_new_lengths(kernel_ops, op, pdl):
     """v1 / decode captured once on a split shape (the scratch is allocated inside the capture,
     from the graph's pool; the plan comes from shapes), then replayed with new lengths written
-    in place, including empty rows."""
+    in place, including empty rows; with the reduce launched plainly and with programmatic
+    dependent launch (PAGED_ATTN_CUDA_PDL=1: a programmatic edge in the graph on sm_90+)."""
+    with testing.cuda_kernel_setting(pdl, env=testing.CUDA_PDL_ENV):
+        _split_under_graph_replay(kernel_ops, op)
+
+
+def _split_under_graph_replay(kernel_ops, op):
     lens = [900, 3, 1500, 64]
     dec = testing.make_decode_inputs(4, 16, 2, 128, 16, lens, layout="nhd", dtype=torch.bfloat16,
                                      device=DEV, seed=34)
@@ -754,6 +787,29 @@ def test_split_under_graph_replay_with_new_lengths(kernel_ops, op):
         torch.cuda.synchronize()
         want = call_v1(reference.paged_attention_v1, dec.legacy, alloc_v1_outputs(dec.legacy))
         assert_out_matches(out, want, dec.dtype, name=f"{op} after replay with {new_lens}")
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES[:4], ids=[c[0] for c in SPLIT_CASES[:4]])
+def test_programmatic_reduce_launch_gives_the_reference(kernel_ops, case):
+    """PAGED_ATTN_CUDA_PDL=1: every split's reduce (v2's, and v1's / decode's) launched with
+    programmatic dependent launch where the code is sm_90+ (grid_dependency.cuh: the reduce may
+    start while phase 1 finishes, and waits for it before reading the scratch)."""
+    _, s, h, kvh, d, bs, lens, dtype, alibi = case
+    dec = testing.make_decode_inputs(s, h, kvh, d, bs, lens, layout="hnd", dtype=dtype,
+                                     use_alibi=alibi, device=DEV, seed=36)
+    with testing.cuda_kernel_setting("1", env=testing.CUDA_PDL_ENV):
+        setting = paged_attention_ext.build_info()["cuda_pdl"]
+        assert setting.startswith("on where the code") and setting.endswith("=1)"), setting
+        _check_v2(kernel_ops, dec.legacy)
+        _check_v1(kernel_ops, dec.legacy)
+        _check_decode(kernel_ops, dec)
+
+
+def test_a_bad_pdl_setting_is_a_clear_error(ops):
+    inputs = make_attention_inputs(1, 4, 2, 64, 16, [30], dtype=torch.float16, device=DEV)
+    with testing.cuda_kernel_setting("yes", env=testing.CUDA_PDL_ENV):
+        with pytest.raises(RuntimeError, match=r"PAGED_ATTN_CUDA_PDL='yes' is not a PDL"):
+            call_v2(ops.v2, inputs, alloc_v2_outputs(inputs))
 
 
 def test_split_results_are_deterministic(kernel_ops):

@@ -224,6 +224,8 @@ STAND_INS = {
         #!/usr/bin/env bash
         if [[ "$1" == "-c" ]]; then echo 9.0; exit 0; fi
         echo "program: $* caching=${PYTORCH_NO_CUDA_MEMORY_CACHING:-on}"
+        echo "split=${PAGED_ATTN_CUDA_SPLIT:-}"
+        echo "pdl=${PAGED_ATTN_CUDA_PDL:-}"
         """,
     # the same, with a setuptools older than 77 (the check's -c exits 1) and a pip that logs
     "python-old-setuptools": """\
@@ -342,12 +344,23 @@ def test_device_check_runs_only_the_selected_steps(tmp_path):
     bench = {k: v for k, v in rows.items() if k.startswith("bench_")}
     assert set(bench) >= {"bench_vllm", "bench_vllm_pipelined", "bench_vllm_baseline",
                           "bench_nhd", "bench_nhd_pipelined", "bench_nhd_baseline",
-                          "bench_kernels_vllm", "bench_kernels_nhd"}
+                          "bench_kernels_vllm", "bench_kernels_nhd", "bench_split_off",
+                          "bench_split_4", "bench_split_8_1", "bench_vllm_pdl"}
     assert set(bench.values()) == {"ok"}
-    # the stand-in python logs its arguments: only the kernel-time steps profile
+    # the stand-in python logs its arguments and the split / PDL settings: only the kernel-time
+    # steps profile, only the sweep's steps set another split, each its own, on v1 alone, and
+    # only bench_vllm_pdl launches the reduce programmatically
     for step in bench:
         log = (tmp_path / "out" / f"{step}.log").read_text()
         assert ("--kernel-times" in log) == step.startswith("bench_kernels_"), (step, log)
+        split = re.search(r"^split=(.*)$", log, re.MULTILINE).group(1)
+        if step.startswith("bench_split_"):
+            assert split.replace(":", "_") == step[len("bench_split_"):], (step, split)
+            assert "--contenders ours-v1 " in log and "--kv-layout vllm" in log, log
+        else:
+            assert split == "", (step, split)
+        pdl = re.search(r"^pdl=(.*)$", log, re.MULTILINE).group(1)
+        assert pdl == ("1" if step == "bench_vllm_pdl" else ""), (step, pdl)
 
 
 def test_device_check_stops_on_old_setuptools_without_a_wheel(tmp_path):

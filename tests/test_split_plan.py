@@ -28,11 +28,15 @@ HOST_PROGRAM = textwrap.dedent(r"""
     #include "core/split_plan.h"
 
     int main() {
-      long long seqs, kv, cap, sms, tile;
+      long long seqs, kv, cap, sms, tile, blocks_per_sm, min_tiles;  // -1: the default
       std::printf("%d %d %d\n", paged_attn::kSplitBlocksPerSm, paged_attn::kMinPartitionTiles,
                   paged_attn::kMaxSplitPartitions);
-      while (std::scanf("%lld %lld %lld %lld %lld", &seqs, &kv, &cap, &sms, &tile) == 5) {
-        const paged_attn::SplitPlan plan = paged_attn::plan_split({seqs, kv, cap, sms, tile});
+      while (std::scanf("%lld %lld %lld %lld %lld %lld %lld", &seqs, &kv, &cap, &sms, &tile,
+                        &blocks_per_sm, &min_tiles) == 7) {
+        paged_attn::SplitShape shape{seqs, kv, cap, sms, tile};
+        if (blocks_per_sm >= 0) shape.blocks_per_sm = blocks_per_sm;
+        if (min_tiles >= 0) shape.min_partition_tiles = min_tiles;
+        const paged_attn::SplitPlan plan = paged_attn::plan_split(shape);
         std::printf("%d %d %d\n", plan.num_partitions, plan.partition_size, plan.split() ? 1 : 0);
       }
       return 0;
@@ -46,12 +50,14 @@ GRID_Z = 65535
 
 @pytest.fixture(scope="module")
 def plan(tmp_path_factory):
-    """plan(shapes) -> (constants, [(num_partitions, partition_size, split)])."""
+    """plan(shapes) -> (constants, [(num_partitions, partition_size, split)]); a shape is
+    (num_seqs, num_kv_heads, row_capacity, sm_count, tile_tokens[, blocks_per_sm[,
+    min_partition_tiles]])."""
     exe = host_cpp.build(tmp_path_factory.mktemp("split_plan"), "split_plan_host", HOST_PROGRAM,
                          std="c++17", flags=("-O1", "-Wall", "-Werror"))
 
     def run(shapes):
-        text = "".join(" ".join(map(str, s)) + "\n" for s in shapes)
+        text = "".join(" ".join(map(str, (tuple(s) + (-1, -1))[:7])) + "\n" for s in shapes)
         out = subprocess.run([exe], input=text, capture_output=True, text=True,
                              timeout=120, check=True).stdout.split("\n")
         constants = tuple(map(int, out[0].split()))
@@ -63,8 +69,10 @@ def plan(tmp_path_factory):
 
 
 def _check_contract(shape, result, constants):
-    num_seqs, num_kv_heads, capacity, sms, tile = shape
-    blocks_per_sm, min_tiles, max_partitions = constants
+    num_seqs, num_kv_heads, capacity, sms, tile = shape[:5]
+    default_blocks_per_sm, default_min_tiles, max_partitions = constants
+    blocks_per_sm = shape[5] if len(shape) > 5 else default_blocks_per_sm
+    min_tiles = shape[6] if len(shape) > 6 else default_min_tiles
     n, size, split = result
     rows = num_seqs * num_kv_heads
     target = max(sms, 1) * blocks_per_sm
@@ -154,3 +162,55 @@ def test_header_is_framework_free():
     text = open(HEADER).read()
     includes = re.findall(r"#include\s*[<\"]([^>\"]+)", text)
     assert set(includes) <= {"algorithm", "cstdint"}, includes
+
+
+def test_every_aim_keeps_the_contract(plan):
+    # PAGED_ATTN_CUDA_SPLIT's aims (csrc/cuda/kernel_choice.h: off = 0 blocks per SM, 1-256;
+    # partitions of 1-64 tiles)
+    rng = random.Random(15)
+    grid = [(rng.randint(1, 5000), rng.randint(1, 128), rng.randint(0, 2_000_000),
+             rng.randint(1, 400), rng.choice([64, 128]), rng.choice([0, 1, 2, 4, 16, 64, 256]),
+             rng.choice([1, 2, 3, 8, 64])) for _ in range(3000)]
+    grid += [(1, 1, cap, 132, TILE, 256, tiles) for cap in (127, 128, 129, 8192, INT32_MAX)
+             for tiles in (1, 64)]
+    constants, plans = plan(grid)
+    for shape, result in zip(grid, plans):
+        _check_contract(shape, result, constants)
+    assert all(not r[2] for s, r in zip(grid, plans) if s[5] == 0)  # off: never split
+    assert any(r[1] == s[4] for s, r in zip(grid, plans) if s[6] == 1)  # one-tile partitions
+
+
+# device_check.sh's split sweep (PAGED_ATTN_CUDA_SPLIT values, "B" or "B:T") on an H200 (132 SMs)
+# and the plans docs/CUDA.md's table lists for them (update the three together): (partitions,
+# tokens each) per preset; the default (8:2) is test_bench_presets_get_enough_blocks'.
+SWEEP_PLANS = {
+    "off": {"big-batch": (1, 0), "small-batch": (1, 0), "gqa8": (1, 0), "tp8-kv1": (1, 0),
+            "long": (1, 0)},
+    "4": {"big-batch": (2, 2048), "small-batch": (4, 256), "gqa8": (4, 1280),
+          "tp8-kv1": (6, 768), "long": (72, 1408)},
+    "16": {"big-batch": (6, 768), "small-batch": (4, 256), "gqa8": (11, 384),
+           "tp8-kv1": (16, 256), "long": (391, 256)},
+    "8:1": {"big-batch": (4, 1280), "small-batch": (8, 128), "gqa8": (6, 768),
+            "tp8-kv1": (11, 384), "long": (157, 640)},
+    "32:1": {"big-batch": (11, 384), "small-batch": (8, 128), "gqa8": (32, 128),
+             "tp8-kv1": (32, 128), "long": (782, 128)},
+}
+
+
+def _aim(value):
+    if value == "off":
+        return 0, -1
+    blocks, _, tiles = value.partition(":")
+    return int(blocks), int(tiles or -1)
+
+
+def test_bench_presets_under_the_split_sweep(plan):
+    names = list(PRESETS)
+    shapes = [(*PRESETS[n], 132, TILE, *_aim(v)) for v in SWEEP_PLANS for n in names]
+    _, plans = plan(shapes)
+    got = {v: {n: plans[i * len(names) + j][:2] for j, n in enumerate(names)}
+           for i, v in enumerate(SWEEP_PLANS)}
+    assert got == SWEEP_PLANS, got
+    sweep = re.search(r"SPLIT_SWEEP=\(([^)]*)\)", open(os.path.join(ROOT, "scripts",
+                                                                    "device_check.sh")).read())
+    assert sweep and sweep.group(1).split() == list(SWEEP_PLANS), "device_check.sh's sweep"

@@ -50,6 +50,7 @@
 #include "../core/params.h"
 #include "cache_access.cuh"
 #include "fast_math.cuh"
+#include "grid_dependency.cuh"
 #include "row_check.cuh"
 #include "warp_reduce.cuh"
 
@@ -185,6 +186,7 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
   static_assert(kX % 4 == 0 && kVVec % 4 == 0 && kWarpSize % kVVec == 0, "vector widths");
 
   __shared__ __align__(16) AttentionSmem<kMaxDims, kHeadTile, kWarpSize, kNumWarps> smem;
+  allow_dependent_launch();  // PDL: the split's reduce may be launched (grid_dependency.cuh)
 
   const int seq = blockIdx.x;
   const int kv_head = blockIdx.y;

@@ -89,6 +89,7 @@
 #include "attention_kernel.cuh"  // block_token_range, attending_heads, write_head_result
 #include "cache_access.cuh"
 #include "gqa_mma.cuh"
+#include "grid_dependency.cuh"
 #include "mma_ops.cuh"
 #include "pipeline_config.cuh"
 #include "shared_memory.cuh"
@@ -150,6 +151,7 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
   constexpr bool kTmVectors = kTmVecBytes >= 4 && kTmVecBytes > kElem;
   constexpr int kTmVecElems = kTmVecBytes / kElem;
 
+  allow_dependent_launch();  // PDL: the split's reduce may be launched (grid_dependency.cuh)
   PAGED_ATTN_DYNAMIC_SHARED_MEMORY(smem_raw);
   float(*smem_q)[kMaxDims] = reinterpret_cast<float(*)[kMaxDims]>(smem_raw + Cfg::kQOffset);
   float(*smem_probs)[kHeadTile][kTile] =

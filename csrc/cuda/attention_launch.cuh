@@ -49,11 +49,29 @@ bool launch_paged_attention_mma(const PagedAttentionParams& p, cudaStream_t stre
 }
 
 template <ScalarKind kScalar>
-void launch_v2_reduce(const PagedAttentionParams& p, cudaStream_t stream) {
+cudaError_t launch_v2_reduce(const PagedAttentionParams& p, cudaStream_t stream,
+                             bool programmatic) {
   using Scalar = typename ScalarOf<kScalar>::type;
   const dim3 grid(p.num_seqs, p.num_heads);
-  paged_attention_v2_reduce_kernel<Scalar, kWarpSize, kNumWarps, kMaxHeadSize>
-      <<<grid, kThreads, 0, stream>>>(p);
+  const auto kernel = paged_attention_v2_reduce_kernel<Scalar, kWarpSize, kNumWarps, kMaxHeadSize>;
+#if CUDART_VERSION >= 12000
+  if (programmatic) {
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = grid;
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = 0;
+    config.stream = stream;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    return cudaLaunchKernelEx(&config, kernel, p);
+  }
+#endif
+  (void)programmatic;
+  kernel<<<grid, kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
 }
 
 }  // namespace cuda

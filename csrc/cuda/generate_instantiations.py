@@ -116,8 +116,8 @@ def sources(dispatch_path: str = DISPATCH) -> dict:
         reduce, note = "", ""
         if scalar not in reduced:
             reduced.add(scalar)
-            reduce = (f"template void launch_v2_reduce<ScalarKind::{scalar}>("
-                      "const PagedAttentionParams&, cudaStream_t);\n")
+            reduce = (f"template cudaError_t launch_v2_reduce<ScalarKind::{scalar}>("
+                      "const PagedAttentionParams&, cudaStream_t, bool);\n")
             note = ";\n// and the v2 reduce kernel of its query dtype"
         name = file_name(scalar, cache)
         out[name] = LAUNCHERS.format(scalar=scalar, cache=cache, reduce=reduce,

@@ -37,8 +37,42 @@ AttentionKernel choose_attention_kernel(int device, int code_arch, std::string* 
 // error of a bad value).
 std::string attention_kernel_setting();
 
-// Reads PAGED_ATTN_CUDA_KERNEL again (tests switch kernels within one process). Not to be called
-// while another thread launches.
+// How v1 / decode split rows (core/split_plan.h SplitShape: the thread blocks per SM the split
+// aims at, and the shortest partition in tiles of 128 tokens), set by the environment variable
+// PAGED_ATTN_CUDA_SPLIT, read once per process with PAGED_ATTN_CUDA_KERNEL: unset, "" or "auto":
+// kSplitBlocksPerSm and kMinPartitionTiles; "off": never split (one pass per row); "B" or "B:T":
+// aim at B blocks per SM (1..kMaxSplitBlocksPerSm), partitions of at least T tiles
+// (1..kMaxSplitMinTiles; default kMinPartitionTiles). A knob for measuring the split on a GPU
+// (scripts/device_check.sh's split sweep); the results are the same whatever it is. Anything
+// else: returns the default and sets *error (the caller raises it).
+constexpr int kMaxSplitBlocksPerSm = 256;
+constexpr int kMaxSplitMinTiles = 64;
+struct SplitAim {
+  int blocks_per_sm;        // 0: never split
+  int min_partition_tiles;  // >= 1
+};
+SplitAim split_aim(std::string* error);
+
+// The split setting in words, for build_info() ("auto: 8 blocks per SM, partitions of >= 2
+// tiles", "off (PAGED_ATTN_CUDA_SPLIT=off)", "16 blocks per SM, partitions of >= 1 tile
+// (PAGED_ATTN_CUDA_SPLIT=16:1)", or "error: ...").
+std::string split_setting();
+
+// Whether the reduce kernel of a split (v2, and v1 / decode when they split) is launched with
+// programmatic dependent launch (grid_dependency.cuh), set by the environment variable
+// PAGED_ATTN_CUDA_PDL, read once per process with the two above: unset, "", "0" or "off": no (the
+// default until a GPU has measured it); "1" or "on": yes where the code that runs was compiled
+// for sm_90 or newer (code_arch >= kMinPdlArch: below it the kernels have no griddepcontrol
+// instruction, so never there); anything else: false, and *error set (the caller raises it).
+constexpr int kMinPdlArch = 90;
+bool programmatic_reduce_launch(int code_arch, std::string* error);
+
+// The PDL setting in words, for build_info() ("off", "on where the code that runs is compiled
+// for sm_90+ (PAGED_ATTN_CUDA_PDL=1)", or "error: ...").
+std::string pdl_setting();
+
+// Reads PAGED_ATTN_CUDA_KERNEL, PAGED_ATTN_CUDA_SPLIT and PAGED_ATTN_CUDA_PDL again (tests switch
+// settings within one process). Not to be called while another thread launches.
 void reload_attention_kernel_setting();
 
 // Launches issued per kernel since the process started (host side, one per attention launch; the

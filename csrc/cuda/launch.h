@@ -35,8 +35,12 @@ template <ScalarKind kScalar, CacheKind kCache>
 bool launch_paged_attention_mma(const PagedAttentionParams& p, cudaStream_t stream);
 
 // Phase 2 of a split (p.partition_size > 0); grid (num_seqs, num_heads), writes p.out.
+// programmatic: launched with programmatic dependent launch (grid_dependency.cuh; only where the
+// code was compiled for sm_90+, kernel_choice.h programmatic_reduce_launch; a build against a
+// CUDA runtime before 12.0 launches it plainly). Returns the launch's error (cudaSuccess).
 template <ScalarKind kScalar>
-void launch_v2_reduce(const PagedAttentionParams& p, cudaStream_t stream);
+cudaError_t launch_v2_reduce(const PagedAttentionParams& p, cudaStream_t stream,
+                             bool programmatic);
 
 // reshape_and_cache and reshape_and_cache_flash (the caches' layouts are in p); grid
 // (num_tokens); num_tokens > 0.

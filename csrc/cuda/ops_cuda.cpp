@@ -146,9 +146,9 @@ void check_cuda_attention(const char* op, const PagedAttentionParams& p) {
 }
 
 // One branch per pair of dispatch.cuh's PAGED_ATTN_CUDA_PAIRS (the build compiles each pair's
-// launchers and kernels in files generated from the same list), onto the kernel kernel_choice.h picks for the
-// device (PAGED_ATTN_CUDA_KERNEL, else the rule; a bad setting raises here). Returns the kernel
-// launched.
+// launchers and kernels in files generated from the same list), onto the kernel kernel_choice.h
+// picks for the device (PAGED_ATTN_CUDA_KERNEL, else the rule; a bad setting raises here).
+// Returns the kernel launched.
 cuda::AttentionKernel launch_attention(const PagedAttentionParams& p, cudaStream_t stream,
                                        c10::DeviceIndex device, int code_arch) {
   std::string error;
@@ -173,10 +173,12 @@ cuda::AttentionKernel launch_attention(const PagedAttentionParams& p, cudaStream
   TORCH_CHECK(false, "paged_attn: no CUDA kernel compiled for this query dtype and cache kind");
 }
 
-// The reduce kernel (phase 2 of a split) of each query dtype of PAGED_ATTN_CUDA_PAIRS.
-void launch_reduce(const PagedAttentionParams& p, cudaStream_t stream) {
-#define PAGED_ATTN_LAUNCH_REDUCE(S, C) \
-  if (p.scalar_kind == ScalarKind::S) return cuda::launch_v2_reduce<ScalarKind::S>(p, stream);
+// The reduce kernel (phase 2 of a split) of each query dtype of PAGED_ATTN_CUDA_PAIRS; returns
+// the launch's error.
+cudaError_t launch_reduce(const PagedAttentionParams& p, cudaStream_t stream, bool programmatic) {
+#define PAGED_ATTN_LAUNCH_REDUCE(S, C)                                        \
+  if (p.scalar_kind == ScalarKind::S)                                         \
+    return cuda::launch_v2_reduce<ScalarKind::S>(p, stream, programmatic);
   PAGED_ATTN_CUDA_PAIRS(PAGED_ATTN_LAUNCH_REDUCE)
 #undef PAGED_ATTN_LAUNCH_REDUCE
   TORCH_CHECK(false, "paged_attn: no CUDA v2 reduce kernel compiled for this query dtype");
@@ -194,7 +196,8 @@ at::ScalarType scalar_type_of(ScalarKind kind) {
 
 // v1, decode (is_v2 false, p.partition_size 0; decode: v1's kernel over token-major caches,
 // p.kv_form): one pass when the rows fill the GPU, else the split that plan_split chooses from
-// the shapes, with its scratch allocated here on the current stream:
+// the shapes (and PAGED_ATTN_CUDA_SPLIT's aim), with its scratch allocated here on the current
+// stream:
 //   exp_sums, max_logits float32 [num_seqs, num_heads, P]; tmp_out [num_seqs, num_heads, P,
 //   head_size] in the query dtype (P = plan.num_partitions).
 // v2 (p.partition_size 512, the caller's scratch): phase 1 and the reduce.
@@ -207,13 +210,20 @@ void attention(const char* op, const PagedAttentionParams& params, bool is_v2,
   const c10::cuda::CUDAGuard device_guard(device);
   const int code_arch = require_kernels_for(device.index());
   if (params.num_seqs == 0 || params.num_heads == 0) return;
+  std::string pdl_error;  // PAGED_ATTN_CUDA_PDL: checked before anything is launched
+  const bool programmatic = cuda::programmatic_reduce_launch(code_arch, &pdl_error);
+  TORCH_CHECK(pdl_error.empty(), "paged_attn: ", pdl_error);
   PagedAttentionParams p = params;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   at::Tensor exp_sums, max_logits, tmp_out;  // a split's scratch, alive until both launches
   if (!is_v2) {
+    std::string split_error;
+    const cuda::SplitAim aim = cuda::split_aim(&split_error);  // PAGED_ATTN_CUDA_SPLIT
+    TORCH_CHECK(split_error.empty(), "paged_attn: ", split_error);
     const SplitPlan plan = plan_split(
         {p.num_seqs, p.num_kv_heads, static_cast<int64_t>(p.max_blocks_per_seq) * p.block_size,
-         sm_count_of(device.index()), cuda::kThreads});
+         sm_count_of(device.index()), cuda::kThreads, aim.blocks_per_sm,
+         aim.min_partition_tiles});
     if (plan.split()) {
       TORCH_CHECK(plan.num_partitions <= kMaxGridYZ && plan.partition_size > 0, "paged_attn.",
                   op, ": split plan of ", plan.num_partitions, " partitions of ",
@@ -243,8 +253,12 @@ void attention(const char* op, const PagedAttentionParams& params, bool is_v2,
                   : " (PAGED_ATTN_CUDA_KERNEL=baseline selects the kernel without dynamic shared "
                     "memory)");
   if (p.partition_size > 0) {
-    launch_reduce(p, stream);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    const cudaError_t reduce_error = launch_reduce(p, stream, programmatic);
+    TORCH_CHECK(reduce_error == cudaSuccess, "paged_attn.", op,
+                ": launching the CUDA reduce kernel",
+                programmatic ? " (programmatic dependent launch, PAGED_ATTN_CUDA_PDL)" : "",
+                " failed: ", cudaGetErrorName(reduce_error), ": ",
+                cudaGetErrorString(reduce_error));
   }
 }
 

@@ -19,6 +19,7 @@
 #include "../core/compound_state.h"
 #include "../core/params.h"
 #include "cache_access.cuh"
+#include "grid_dependency.cuh"
 #include "row_check.cuh"
 #include "warp_reduce.cuh"
 
@@ -34,6 +35,7 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize)
   constexpr int kDimsPerThread = (kMaxHeadSize + kThreads - 1) / kThreads;
   __shared__ SoftmaxStats reduce_smem[kNumWarps];
   __shared__ float weights[kThreads];  // one chunk of partition weights
+  wait_for_prerequisite_grids();  // PDL: phase 1's scratch complete (grid_dependency.cuh)
 
   const int seq = blockIdx.x;
   const int head = blockIdx.y;

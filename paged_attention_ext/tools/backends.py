@@ -314,6 +314,10 @@ def _describe_build(build: dict) -> list:
         kernels = "|".join(package._C.cuda_attention_launches())  # the names, from csrc
         lines.append(("CUDA attention kernel", f"{build['cuda_attention_kernel']}  "
                       f"[PAGED_ATTN_CUDA_KERNEL={kernels} forces one]"))
+        lines.append(("CUDA v1 / decode split", f"{build['cuda_split']}  "
+                      "[PAGED_ATTN_CUDA_SPLIT=off|B|B:T sets another]"))
+        lines.append(("CUDA reduce launch", "programmatic dependent launch: "
+                      f"{build['cuda_pdl']}  [PAGED_ATTN_CUDA_PDL=1|0]"))
     return lines
 
 

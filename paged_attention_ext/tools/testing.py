@@ -483,12 +483,14 @@ def call_decode(op_or_fn, inputs, out):
 # ---- the CUDA attention kernel a call runs (csrc/cuda/kernel_choice.h) ----
 
 CUDA_KERNEL_ENV = "PAGED_ATTN_CUDA_KERNEL"  # read once per process; reloaded below
+CUDA_SPLIT_ENV = "PAGED_ATTN_CUDA_SPLIT"  # the v1 / decode split's aim, read with it
+CUDA_PDL_ENV = "PAGED_ATTN_CUDA_PDL"  # the reduce's programmatic dependent launch, read with it
 
 
 def cuda_attention_launches(reload=False):
     """{kernel name: attention launches so far} (_C.cuda_attention_launches: its keys are the
     CUDA attention kernels of this build); {} without a loaded extension or without CUDA kernels.
-    reload: the extension reads PAGED_ATTN_CUDA_KERNEL again first."""
+    reload: the extension reads its CUDA settings (the *_ENV names here) again first."""
     import paged_attention_ext as package  # the package decides whether _C is loaded
     if not package.extension_loaded():
         return {}
@@ -519,16 +521,18 @@ def require_launches_of(choice, before, after, tensor_cores_expected=False):
 
 
 @contextlib.contextmanager
-def cuda_kernel_setting(value):
-    """PAGED_ATTN_CUDA_KERNEL=value, read again by the extension; the old setting afterwards."""
-    saved = os.environ.get(CUDA_KERNEL_ENV)
-    os.environ[CUDA_KERNEL_ENV] = value
+def cuda_kernel_setting(value, env=CUDA_KERNEL_ENV):
+    """PAGED_ATTN_CUDA_KERNEL=value (or another of the CUDA settings the extension reads once
+    per process: `env` CUDA_SPLIT_ENV, CUDA_PDL_ENV), read again by the extension; the old
+    setting afterwards."""
+    saved = os.environ.get(env)
+    os.environ[env] = value
     cuda_attention_launches(reload=True)
     try:
         yield
     finally:
         if saved is None:
-            os.environ.pop(CUDA_KERNEL_ENV, None)
+            os.environ.pop(env, None)
         else:
-            os.environ[CUDA_KERNEL_ENV] = saved
+            os.environ[env] = saved
         cuda_attention_launches(reload=True)
