@@ -7,6 +7,7 @@ max(t, when the GPU is free); an event completes when the GPU reaches it. Runs o
 
 import pytest
 
+import paged_attention_ext
 from paged_attention_ext.tools.bench import cuda_timing, timing
 
 ENQUEUE_MS = 0.004  # host time of one launch or event record in the simulation
@@ -150,6 +151,7 @@ def test_cuda_tables_show_the_host_time(tmp_path):
     cpu_table = report.to_markdown(data)
     assert report.HOST_COLUMN not in cpu_table and "ms = wall time" in cpu_table
     data["config"]["device"] = "cuda"  # as a CUDA run writes it: the host's median beside
+    data["machine"]["cuda_settings"] = "kernel mma (PAGED_ATTN_CUDA_KERNEL=mma); split off"
     for row in data["results"]:
         row["timing"]["host_median_ms"] = 0.0421
     lines = report.to_markdown(data).splitlines()
@@ -160,6 +162,21 @@ def test_cuda_tables_show_the_host_time(tmp_path):
     first = next(line for line in lines if "ours-v2" in line)
     assert first.split("|")[names.index(report.HOST_COLUMN) + 1].strip() == "0.042"
     assert any("host part kept out" in line for line in lines)
+    # which CUDA kernel / split / reduce launch the table measured
+    assert any("runs: " in line and line.endswith(
+        "(kernel mma (PAGED_ATTN_CUDA_KERNEL=mma); split off)") for line in lines)
+
+
+def test_cuda_settings_without_cuda_kernels():
+    from paged_attention_ext.tools.bench import machine
+
+    build = paged_attention_ext.build_info()
+    if build and build["cuda"]:
+        got = machine.cuda_settings()
+        assert got == (f"kernel {build['cuda_attention_kernel']}; split {build['cuda_split']}; "
+                       f"reduce PDL {build['cuda_pdl']}")
+    else:
+        assert machine.cuda_settings() == "no CUDA kernels compiled"
 
 
 def test_spin_is_calibrated_once_per_device(monkeypatch):

@@ -63,6 +63,18 @@ def _cpu_threads_rule() -> str:
     return cpu_threads_rule(t)
 
 
+def cuda_settings() -> str:
+    """Which CUDA attention kernel, split aim and reduce launch our ops run (build_info(): the
+    PAGED_ATTN_CUDA_KERNEL / _SPLIT / _PDL settings or their defaults), for CUDA tables."""
+    import paged_attention_ext
+
+    build = paged_attention_ext.build_info()
+    if not build or not build["cuda"]:
+        return "no CUDA kernels compiled"
+    return (f"kernel {build['cuda_attention_kernel']}; split {build['cuda_split']}; "
+            f"reduce PDL {build['cuda_pdl']}")
+
+
 def machine_info(device: str) -> dict:
     info = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -80,5 +92,5 @@ def machine_info(device: str) -> dict:
     if device == "cuda":
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         info.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1),
-                    cuda=torch.version.cuda)
+                    cuda=torch.version.cuda, cuda_settings=cuda_settings())
     return info

@@ -109,7 +109,8 @@ def header_lines(data: dict) -> list:
         f"device {c['device']}  dtype {c['dtype']}  kv_cache_dtype {c['kv_cache_dtype']}  "
         f"kv_layout {c.get('kv_layout', 'vllm')}  "
         + (f"blocksparse {c['blocksparse']}  " if c.get("blocksparse") else "") +
-        f"mode {c['mode']}  torch.ops.paged_attn runs: {m['op_backend']}",
+        f"mode {c['mode']}  torch.ops.paged_attn runs: {m['op_backend']}"
+        + (f"  ({m['cuda_settings']})" if m.get("cuda_settings") else ""),
         f"measured bandwidth: read {bw['read_gbps']:.1f} GB/s (sum), copy {bw['copy_gbps']:.1f} "
         f"GB/s (read+write), buffer {bw['buffer_bytes'] / 2**20:.0f} MiB; best of before/after: "
         + ", ".join(f"{s['read_gbps']:.1f}/{s['copy_gbps']:.1f}" for s in bw.get("samples", [])),
