@@ -51,11 +51,12 @@
 #      reduce launched programmatically (bench_vllm_pdl: PAGED_ATTN_CUDA_PDL=1); v1 alone under
 #      the split plans of SPLIT_SWEEP (bench_split_<value>: PAGED_ATTN_CUDA_SPLIT, 30 s each);
 #      in the order: vLLM layout (default, pipelined, baseline), NHD, the kernel times, PDL,
-#      fp8, the split sweep, then the NHD pipelined / baseline runs. Every CUDA time is the GPU's alone (the
-#      bench keeps the host's part of a call out of it and reports it as "host ms")
+#      fp8, the split sweep, then the NHD pipelined / baseline runs. Every CUDA time is the
+#      GPU's alone (the bench keeps the host's part of a call out of it: "host ms")
 #   7. Nsight Compute (ncu --set full, clocks left alone) on one attention launch of big-batch
-#      per layout, the default kernel: profile_vllm / profile_nhd .log (details page) and
-#      .ncu-rep (60 s each; no ncu: rows "SKIPPED (no ncu)", counted as failed)
+#      per layout and one of small-batch on vLLM's layout, the default kernel: profile_vllm /
+#      profile_nhd / profile_small_vllm .log (details page) and .ncu-rep (60 s each; no ncu:
+#      rows "SKIPPED (no ncu)", counted as failed)
 #   (step 3 runs the kernel tests once per kernel choice: tests/test_cuda_kernels.py's kernel_ops)
 # Writes <out>/<step>.log, <out>/bench_<layout>[_fp8].{md,json} and <out>/results.md (one row
 # per step) (the ptxas report is inside build.log); with BUNDLE=1 (default when <out> is $OUT)
@@ -313,13 +314,15 @@ fi
 
 # ---- 7. Nsight Compute on one attention launch per layout (big-batch, default kernel) ----
 # Where the default kernel's time goes on each layout (DRAM against L2 throughput, excess sectors:
-# docs/CUDA.md "Second GPU session" found vLLM's layout L2-bound this way). ncu --set full
-# replays the one launch the filter picks (the 6th attention kernel of a bench run: past the
-# oracle check and warm-up); clocks left alone (--clock-control none). profile_<layout>.log ends
-# with the details page; profile_<layout>.ncu-rep opens in Nsight Compute.
+# docs/CUDA.md "Second GPU session" found vLLM's layout L2-bound this way), and at small-batch
+# (the regime furthest from its target: occupancy, bytes in flight). ncu --set full replays the
+# one launch the filter picks (the 6th attention kernel of a bench run: past the oracle check and
+# warm-up); clocks left alone (--clock-control none). <name>.log ends with the details page;
+# <name>.ncu-rep opens in Nsight Compute.
 NCU="$(find_cuda_tool ncu /opt/nvidia/nsight-compute/*/ncu)"
+# profile_step NAME KV_LAYOUT CONTENDER PRESET
 profile_step() {
-  local layout="$1" contender="$2" name="profile_$1"
+  local name="$1" layout="$2" contender="$3" preset="$4"
   if [[ -z "$NCU" ]]; then
     skip_missing_tool "$name" ncu
     return 1
@@ -327,13 +330,14 @@ profile_step() {
   run_step "$name" 60 bash -c '"$0" --clock-control none --set full --import-source no \
       -k "regex:^paged_attention_(pipelined_)?kernel" --launch-skip 5 --launch-count 1 \
       -f -o "$1" "$2" -m paged_attention_ext bench --device cuda --quick --no-progress \
-      --preset big-batch --kv-layout "$3" --contenders "$4" \
+      --preset "$5" --kv-layout "$3" --contenders "$4" \
     && "$0" --import "$1.ncu-rep" --page details --print-units base' \
-    "$NCU" "$OUT_DIR/$name" "$PY" "$layout" "$contender"
+    "$NCU" "$OUT_DIR/$name" "$PY" "$layout" "$contender" "$preset"
 }
 if selected profile; then
-  profile_step vllm ours-v1
-  profile_step nhd ours-decode
+  profile_step profile_vllm vllm ours-v1 big-batch
+  profile_step profile_nhd nhd ours-decode big-batch
+  profile_step profile_small_vllm vllm ours-v1 small-batch
 fi
 
 echo

@@ -291,13 +291,16 @@ def test_device_check_runs_the_program_under_each_tool(tmp_path):
         assert program_line.startswith(f"program: -m {MODULE}")
         assert program_line.endswith("caching=1")
         assert ("--quick" in program_line) == (step == "sanitizer_racecheck")
-    for layout, contender in (("vllm", "ours-v1"), ("nhd", "ours-decode")):
-        assert rows[f"profile_{layout}"] == "ok"
-        profile, report = (out / f"profile_{layout}.log").read_text().splitlines()[:2]
+    for name, layout, contender, preset in (("profile_vllm", "vllm", "ours-v1", "big-batch"),
+                                            ("profile_nhd", "nhd", "ours-decode", "big-batch"),
+                                            ("profile_small_vllm", "vllm", "ours-v1",
+                                             "small-batch")):
+        assert rows[name] == "ok"
+        profile, report = (out / f"{name}.log").read_text().splitlines()[:2]
         assert "--set full" in profile and "--clock-control none" in profile
         assert f"--kv-layout {layout} --contenders {contender}" in profile
-        assert "--preset big-batch" in profile and "--launch-count 1" in profile
-        assert report.startswith("ncu: --import") and f"profile_{layout}.ncu-rep" in report
+        assert f"--preset {preset} " in profile and "--launch-count 1" in profile
+        assert report.startswith("ncu: --import") and f"{name}.ncu-rep" in report
 
 
 def _ncu_installed():
@@ -309,8 +312,9 @@ def test_device_check_without_ncu_fails_the_profile_rows(tmp_path):
     if _ncu_installed():
         pytest.skip("ncu is installed where the script looks whatever PATH says")
     proc, _, rows = _run_device_check(tmp_path, ["nvidia-smi", "python", "compute-sanitizer"])
-    assert rows["profile_vllm"] == rows["profile_nhd"] == "SKIPPED (no ncu)"
-    assert proc.returncode == 2  # the two count as failed
+    assert rows["profile_vllm"] == rows["profile_nhd"] == rows["profile_small_vllm"] == (
+        "SKIPPED (no ncu)")
+    assert proc.returncode == 3  # the three count as failed
 
 
 def test_device_check_bundles_its_files_when_writing_to_OUT(tmp_path):
