@@ -700,25 +700,45 @@ def test_one_pass_when_the_rows_fill_the_gpu(kernel_ops):
 SPLIT_SETTINGS = ("off", "1", "32", "256:1")
 
 
-@pytest.mark.parametrize("split", SPLIT_SETTINGS)
-@pytest.mark.parametrize("case", [SPLIT_CASES[1], SPLIT_CASES[4]], ids=lambda c: c[0])
-def test_every_split_setting_gives_the_reference(kernel_ops, split, case):
+def _check_split_case_under(kernel_ops, case, env, value, build_key, layout):
+    """A SPLIT_CASES row with the CUDA setting env=value (build_info()[build_key] names it): v2,
+    v1 and decode against the oracle."""
     _, s, h, kvh, d, bs, lens, dtype, alibi = case
-    dec = testing.make_decode_inputs(s, h, kvh, d, bs, lens, layout="nhd", dtype=dtype,
-                                     use_alibi=alibi, device=DEV, seed=7)
-    with testing.cuda_kernel_setting(split, env=testing.CUDA_SPLIT_ENV):
-        setting = paged_attention_ext.build_info()["cuda_split"]
-        assert setting.endswith(f"(PAGED_ATTN_CUDA_SPLIT={split})"), setting
+    dec = testing.make_decode_inputs(s, h, kvh, d, bs, lens, layout=layout, dtype=dtype,
+                                     use_alibi=alibi, device=DEV, seed=sum(lens) % 997)
+    with testing.cuda_kernel_setting(value, env=env):
+        setting = paged_attention_ext.build_info()[build_key]
+        assert setting.endswith(f"({env}={value})"), setting
+        _check_v2(kernel_ops, dec.legacy)
         _check_v1(kernel_ops, dec.legacy)
         _check_decode(kernel_ops, dec)
 
 
-def test_a_bad_split_setting_is_a_clear_error(ops):
+@pytest.mark.parametrize("split", SPLIT_SETTINGS)
+@pytest.mark.parametrize("case", [SPLIT_CASES[1], SPLIT_CASES[4]], ids=lambda c: c[0])
+def test_every_split_setting_gives_the_reference(kernel_ops, split, case):
+    _check_split_case_under(kernel_ops, case, testing.CUDA_SPLIT_ENV, split, "cuda_split", "nhd")
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES[:4], ids=[c[0] for c in SPLIT_CASES[:4]])
+def test_programmatic_reduce_launch_gives_the_reference(kernel_ops, case):
+    """PAGED_ATTN_CUDA_PDL=1: every split's reduce (v2's, and v1's / decode's) launched with
+    programmatic dependent launch where the code is sm_90+ (grid_dependency.cuh: the reduce may
+    start while phase 1 finishes, and waits for it before reading the scratch)."""
+    _check_split_case_under(kernel_ops, case, testing.CUDA_PDL_ENV, "1", "cuda_pdl", "hnd")
+
+
+@pytest.mark.parametrize("env,value,op", [(testing.CUDA_SPLIT_ENV, "lots", "v1"),
+                                          (testing.CUDA_PDL_ENV, "yes", "v2")])
+def test_a_bad_cuda_setting_is_a_clear_error(ops, env, value, op):
     inputs = make_attention_inputs(1, 4, 2, 64, 16, [30], dtype=torch.float16, device=DEV)
-    with testing.cuda_kernel_setting("lots", env=testing.CUDA_SPLIT_ENV):
-        with pytest.raises(RuntimeError, match=r"PAGED_ATTN_CUDA_SPLIT='lots' is not a split"):
-            call_v1(ops.v1, inputs, alloc_v1_outputs(inputs))
-        call_v2(ops.v2, inputs, alloc_v2_outputs(inputs))  # v2's partitions are the contract's
+    call = {"v1": lambda: call_v1(ops.v1, inputs, alloc_v1_outputs(inputs)),
+            "v2": lambda: call_v2(ops.v2, inputs, alloc_v2_outputs(inputs))}
+    with testing.cuda_kernel_setting(value, env=env):
+        with pytest.raises(RuntimeError, match=f"{env}='{value}' is not a"):
+            call[op]()
+        if env == testing.CUDA_SPLIT_ENV:
+            call["v2"]()  # v2's partitions are the contract's: the split setting is not read
 
 
 @pytest.mark.parametrize("op", ["v1", "decode"])
@@ -787,29 +807,6 @@ def _split_under_graph_replay(kernel_ops, op):
         torch.cuda.synchronize()
         want = call_v1(reference.paged_attention_v1, dec.legacy, alloc_v1_outputs(dec.legacy))
         assert_out_matches(out, want, dec.dtype, name=f"{op} after replay with {new_lens}")
-
-
-@pytest.mark.parametrize("case", SPLIT_CASES[:4], ids=[c[0] for c in SPLIT_CASES[:4]])
-def test_programmatic_reduce_launch_gives_the_reference(kernel_ops, case):
-    """PAGED_ATTN_CUDA_PDL=1: every split's reduce (v2's, and v1's / decode's) launched with
-    programmatic dependent launch where the code is sm_90+ (grid_dependency.cuh: the reduce may
-    start while phase 1 finishes, and waits for it before reading the scratch)."""
-    _, s, h, kvh, d, bs, lens, dtype, alibi = case
-    dec = testing.make_decode_inputs(s, h, kvh, d, bs, lens, layout="hnd", dtype=dtype,
-                                     use_alibi=alibi, device=DEV, seed=36)
-    with testing.cuda_kernel_setting("1", env=testing.CUDA_PDL_ENV):
-        setting = paged_attention_ext.build_info()["cuda_pdl"]
-        assert setting.startswith("on where the code") and setting.endswith("=1)"), setting
-        _check_v2(kernel_ops, dec.legacy)
-        _check_v1(kernel_ops, dec.legacy)
-        _check_decode(kernel_ops, dec)
-
-
-def test_a_bad_pdl_setting_is_a_clear_error(ops):
-    inputs = make_attention_inputs(1, 4, 2, 64, 16, [30], dtype=torch.float16, device=DEV)
-    with testing.cuda_kernel_setting("yes", env=testing.CUDA_PDL_ENV):
-        with pytest.raises(RuntimeError, match=r"PAGED_ATTN_CUDA_PDL='yes' is not a PDL"):
-            call_v2(ops.v2, inputs, alloc_v2_outputs(inputs))
 
 
 def test_split_results_are_deterministic(kernel_ops):
