@@ -9,6 +9,11 @@
 #        is installed into a temporary folder on PYTHONPATH for this check; without one the
 #        check stops before building, saying so. WHEELS  that folder (default <repo>/.whl)
 #        CHECK_BUDGET  seconds for the whole check (default 450)
+#        PREBUILT      a folder written by scripts/prebuild_cuda.sh (the extension built
+#                      elsewhere for this GPU's arch): the build step unpacks it instead of
+#                      building (row "unpack_prebuilt") when its stamp matches this checkout's
+#                      committed csrc/ (clean), the python's torch and the GPU's arch; else it
+#                      builds, saying why the prebuilt one was not used
 #        CHECK_STEPS   comma-separated steps to run (default build,tests,check,sanitizer,bench,
 #                      profile):
 #                      e.g. a second call on a machine that kept the first call's build can run
@@ -196,14 +201,44 @@ echo "| gpu | ok: $(head -n 1 "$OUT_DIR/gpu.log" | cut -c1-60), sm_${ARCH/./} | 
 # ---- 2. build for this GPU ----
 export MAX_JOBS=16 TORCH_CUDA_ARCH_LIST="$ARCH" PAGED_ATTN_BUILD_CUDA=1 PAGED_ATTN_PTXAS_VERBOSE=1
 if [[ -z "${CUDA_HOME:-}" && -d /usr/local/cuda ]]; then export CUDA_HOME=/usr/local/cuda; fi
+# prebuilt_mismatch DIR: nothing when DIR (scripts/prebuild_cuda.sh's output) fits this machine:
+# its stamp names this checkout's committed csrc/ tree (and csrc/ is clean), the python's torch
+# and the GPU's arch; else the reason it does not.
+prebuilt_mismatch() {
+  local dir="$1" tree torch_version want
+  if [[ ! -f "$dir/_C.abi3.so.gz" || ! -f "$dir/stamp" ]]; then
+    echo "no $dir/_C.abi3.so.gz with its stamp"; return
+  fi
+  if ! tree="$(git rev-parse HEAD:csrc 2>/dev/null)"; then echo "no git checkout here"; return; fi
+  if [[ -n "$(git status --porcelain -- csrc 2>/dev/null)" ]]; then
+    echo "csrc/ differs from HEAD's"; return
+  fi
+  torch_version="$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null)"
+  for want in "csrc_tree $tree" "torch $torch_version" "arch $ARCH"; do
+    grep -qxF "$want" "$dir/stamp" || { echo "its stamp lacks '$want'"; return; }
+  done
+}
 if selected build; then
-  run_step build 150 "$PY" setup.py build_ext --inplace
-  BUILD_RC=$?
+  WHY_NOT_PREBUILT="${PREBUILT:+$(prebuilt_mismatch "$PREBUILT")}"
+  if [[ -n "${PREBUILT:-}" && -z "$WHY_NOT_PREBUILT" ]]; then
+    run_step unpack_prebuilt 60 bash -c 'gzip -dc "$0/_C.abi3.so.gz" \
+        > paged_attention_ext/_C.abi3.so && echo "unpacked $0: $(tr "\n" " " < "$0/stamp")"' \
+      "$PREBUILT"
+    BUILD_RC=$?
+  else
+    if [[ -n "${PREBUILT:-}" ]]; then
+      echo "PREBUILT=$PREBUILT not used: $WHY_NOT_PREBUILT; building" | tee -a "$OUT_DIR/gpu.log"
+    fi
+    run_step build 150 "$PY" setup.py build_ext --inplace
+    BUILD_RC=$?
+    if [[ $BUILD_RC -eq 0 ]]; then
+      echo "ptxas: $(grep -c 'Compiling entry' "$OUT_DIR/build.log") kernels compiled, $(grep -E 'spill' "$OUT_DIR/build.log" | grep -vc ' 0 bytes spill stores, 0 bytes spill loads') report lines with spills"
+    fi
+  fi
   if [[ $BUILD_RC -ne 0 ]]; then
-    echo "device_check.sh: the build failed; see $OUT_DIR/build.log" >&2
+    echo "device_check.sh: the build failed; see $OUT_DIR/build.log or unpack_prebuilt.log" >&2
     exit "$FAILED"
   fi
-  echo "ptxas: $(grep -c 'Compiling entry' "$OUT_DIR/build.log") kernels compiled, $(grep -E 'spill' "$OUT_DIR/build.log" | grep -vc ' 0 bytes spill stores, 0 bytes spill loads') report lines with spills"
 fi
 
 # ---- 3. tests ----

@@ -249,7 +249,8 @@ STAND_INS = {
 }
 
 
-def _run_device_check(tmp_path, tools, python="python", out_arg=True, **extra_env):
+def _run_device_check(tmp_path, tools, python="python", out_arg=True, script=SCRIPT,
+                      **extra_env):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name in tools:
@@ -263,7 +264,7 @@ def _run_device_check(tmp_path, tools, python="python", out_arg=True, **extra_en
     env.pop("OUT", None)
     if not out_arg:  # the way a lent GPU machine runs it: OUT set, no argument
         env["OUT"] = str(out)
-    proc = subprocess.run(["bash", SCRIPT, *([str(out)] if out_arg else [])], cwd=REPO, env=env,
+    proc = subprocess.run(["bash", script, *([str(out)] if out_arg else [])], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
     rows = {}
     for line in (out / "results.md").read_text().splitlines():
@@ -388,3 +389,58 @@ def test_device_check_takes_a_carried_setuptools_wheel(tmp_path):
     assert "setuptools from setuptools-99.0.0-py3-none-any.whl" in (out / "gpu.log").read_text()
     assert rows["build"] == "ok"
     assert "path=/tmp/pa-setuptools" in (out / "build.log").read_text()  # the build sees it
+
+
+def _checkout_with_prebuilt(tmp_path, torch_version="9.0", arch="9.0"):
+    """A throwaway git checkout holding device_check.sh, a committed csrc/ and a prebuilt folder
+    (scripts/prebuild_cuda.sh's form) whose stamp names that csrc/ tree: (script, prebuilt dir).
+    The stand-in python answers 9.0 to every -c: the torch version the check compares with."""
+    import gzip
+    import shutil
+
+    repo = tmp_path / "checkout"
+    (repo / "scripts").mkdir(parents=True)
+    (repo / "csrc").mkdir()
+    (repo / "paged_attention_ext").mkdir()
+    shutil.copy(SCRIPT, repo / "scripts" / "device_check.sh")
+    (repo / "csrc" / "kernel.cu").write_text("// the kernels\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "checkout"]):
+        subprocess.run(git + args, check=True, capture_output=True)
+    tree = subprocess.run(git + ["rev-parse", "HEAD:csrc"], check=True, capture_output=True,
+                          text=True).stdout.strip()
+    prebuilt = tmp_path / "prebuilt"
+    prebuilt.mkdir()
+    with gzip.open(prebuilt / "_C.abi3.so.gz", "wb") as f:
+        f.write(b"stand-in extension")
+    (prebuilt / "stamp").write_text(f"csrc_tree {tree}\ntorch {torch_version}\narch {arch}\n")
+    return repo, str(repo / "scripts" / "device_check.sh"), prebuilt
+
+
+def test_device_check_unpacks_a_prebuilt_extension_that_fits(tmp_path):
+    repo, script, prebuilt = _checkout_with_prebuilt(tmp_path)
+    proc, out, rows = _run_device_check(tmp_path, ["nvidia-smi", "python"], script=script,
+                                        PREBUILT=str(prebuilt), CHECK_STEPS="build")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert rows["unpack_prebuilt"] == "ok" and "build" not in rows
+    assert (repo / "paged_attention_ext" / "_C.abi3.so").read_bytes() == b"stand-in extension"
+
+
+@pytest.mark.parametrize("change,reason", [
+    ("torch", "its stamp lacks 'torch 9.0'"),
+    ("arch", "its stamp lacks 'arch 9.0'"),
+    ("csrc", "csrc/ differs from HEAD's"),
+])
+def test_device_check_builds_when_the_prebuilt_one_does_not_fit(tmp_path, change, reason):
+    repo, script, prebuilt = _checkout_with_prebuilt(
+        tmp_path, torch_version="2.11.0+cu130" if change == "torch" else "9.0",
+        arch="8.0" if change == "arch" else "9.0")
+    if change == "csrc":
+        (repo / "csrc" / "kernel.cu").write_text("// edited after the prebuild\n")
+    proc, out, rows = _run_device_check(tmp_path, ["nvidia-smi", "python"], script=script,
+                                        PREBUILT=str(prebuilt), CHECK_STEPS="build")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert rows["build"] == "ok" and "unpack_prebuilt" not in rows
+    assert "setup.py build_ext --inplace" in (out / "build.log").read_text()
+    assert f"PREBUILT={prebuilt} not used: {reason}; building" in (out / "gpu.log").read_text()
+    assert not (repo / "paged_attention_ext" / "_C.abi3.so").exists()
