@@ -2,7 +2,7 @@
 // which runs the static TORCH_LIBRARY registrations (ops.cpp, cpu/bindings_cpu.cpp, cuda/). Its
 // Python functions only convert what the owners of each fact report:
 //   cpu_kernel() -> str                              the variant the next CPU call runs
-//   cpu_kernel_variants() -> [(name, runnable, why_not)]   every variant of this build, best first
+//   cpu_kernel_variants() -> [(name, runnable, note)]   every variant of this build, best first here
 //   cpu_threading() -> dict                          how many threads a CPU call wakes
 //     idle_threads           "spin" or "sleep": what idle OpenMP threads do between regions
 //     setting                the environment variable that decided it, or "default"
@@ -11,7 +11,7 @@
 //                          (ValueError: it is not a positive integer)
 //   build_info() -> dict                             what this build compiled and registered:
 //     torch_version        str, the torch the library was compiled against (torch's headers)
-//     cpu_kernel_variants  [name], best first (cpu/kernel_variants.cpp)
+//     cpu_kernel_variants  [name], the build's table order (cpu/kernel_variants.cpp)
 //     compiler             str, the C++ compiler of the host code ("gcc 12.2.0", "clang 14.0.6")
 //     openmp               bool, the C++ code was compiled with OpenMP (_OPENMP, set by the
 //                          build when the compiler has it): without it at::parallel_for runs every
@@ -88,7 +88,7 @@ PyObject* cpu_kernel_variants(PyObject*, PyObject*) {
   for (size_t i = 0; i < statuses.size(); ++i) {
     PyObject* item =
         Py_BuildValue("(sOs)", statuses[i].variant->name, statuses[i].runnable ? Py_True : Py_False,
-                      statuses[i].why_not.c_str());
+                      statuses[i].note.c_str());
     if (item == nullptr) {
       Py_DECREF(list);
       return nullptr;
@@ -233,7 +233,7 @@ PyObject* build_info(PyObject*, PyObject*) {
 PyMethodDef methods[] = {
     {"cpu_kernel", cpu_kernel, METH_NOARGS, "The CPU kernel variant the next call runs."},
     {"cpu_kernel_variants", cpu_kernel_variants, METH_NOARGS,
-     "Every CPU kernel variant of this build, best first: (name, runnable, why_not)."},
+     "Every CPU kernel variant of this build, best first for this CPU: (name, runnable, note)."},
     {"cpu_threading", cpu_threading, METH_NOARGS,
      "How many threads a CPU call wakes (see paged_attention_ext.cpu_threading)."},
     {"build_info", build_info, METH_NOARGS,

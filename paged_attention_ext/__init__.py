@@ -55,7 +55,10 @@ def cpu_kernel() -> str:
 
 
 def cpu_kernel_variants() -> list:
-    """Every CPU kernel variant of this build, best first, as (name, runnable here, why not)."""
+    """Every CPU kernel variant of this build, best first for this CPU, as (name, runnable here,
+    note). note: why it cannot run here; for one that runs but was measured slower on this kind
+    of CPU than the variant after it in the build's table, why it is ranked after that one;
+    else ''. The first runnable one is the default (cpu_kernel())."""
     if not extension_loaded():
         return []
     return list(_C.cpu_kernel_variants())
@@ -84,7 +87,7 @@ def build_info():
     """What the loaded extension `_C` was built with, as the extension itself reports it
     (csrc/module.cpp): a dict with
       torch_version         the torch it was compiled against
-      cpu_kernel_variants   [name] of the CPU kernel variants compiled, best first
+      cpu_kernel_variants   [name] of the CPU kernel variants compiled, in the build's order
       compiler              the C++ compiler of its host code ("gcc 12.2.0", "clang 14.0.6")
       openmp                whether the C++ code was compiled with OpenMP; without it every CPU
                             kernel call runs on one thread (docs/BUILD.md)

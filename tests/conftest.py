@@ -30,7 +30,7 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line("CPU kernel variants: none (compiled extension not loaded)")
         return
     ran = [name for name, runnable, _ in variants if runnable]
-    not_ran = [f"{name} ({why})" for name, runnable, why in variants if not runnable]
+    not_ran = [f"{name} ({note})" for name, runnable, note in variants if not runnable]
     terminalreporter.write_line("CPU kernel variants this machine executes: " + ", ".join(ran))
     if not_ran:
         terminalreporter.write_line("CPU kernel variants it CANNOT execute (their tests skip): "

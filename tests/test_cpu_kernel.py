@@ -34,7 +34,7 @@ pytestmark = pytest.mark.skipif(not paged_attention_ext.extension_loaded(),
 OPS = backends.backend("cpu-kernel").ops if paged_attention_ext.extension_loaded() else None
 
 
-VARIANTS = paged_attention_ext.cpu_kernel_variants()  # [(name, runnable, why_not)], best first
+VARIANTS = paged_attention_ext.cpu_kernel_variants()  # [(name, runnable, note)], best first here
 
 
 @pytest.fixture(params=[name for name, _, _ in VARIANTS] or ["none"])

@@ -58,9 +58,14 @@ struct KernelVariant {
   IsaLevel level;          // capped by the framework's CPU capability
   bool (*cpu_supports)();  // this CPU can execute it (CPUID on x86, HWCAP on aarch64)
   PartitionKernel run;
+  // nullptr, or: on a CPU where this variant runs but was measured slower than the next entry
+  // of the table, the reason in words (else nullptr). kernel_choice.cpp then ranks it after
+  // that entry, so that "best first" holds for the CPU at hand.
+  const char* (*slower_here)();
 };
 
-// The variants this build holds, best first (the first runnable one is the default).
+// The variants this build holds, best first on the CPUs they were measured on (kernel_choice.cpp
+// reorders by slower_here; the first runnable one is the default).
 // *count receives their number.
 const KernelVariant* kernel_variants(int* count);
 

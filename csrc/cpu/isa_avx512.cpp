@@ -454,6 +454,18 @@ bool cpu_supports() {
 
 namespace avx512_bf16 {
 bool cpu_supports() { return avx512::cpu_supports() && __builtin_cpu_supports("avx512bf16"); }
+
+// The bf16 dot product (vdpbf16ps: 32 multiply-adds per instruction) beat avx512's fp32 FMAs
+// on bf16 caches on the AMD EPYC measured (Zen 4: 12-15% less compute per token), but cost
+// 10-35% more on the Intel Xeon measured (Sapphire Rapids class, whose two FMA ports already do
+// 32 multiply-adds a cycle; docs/CPU_KERNEL.md, "Which CPU gets which kernel"). So it leads
+// only on AMD; other vendors get the FMAs unless PAGED_ATTN_CPU_KERNEL=avx512-bf16.
+const char* slower_here() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_is("amd")) return nullptr;
+  return "its bf16 dot product is slower than avx512's FMAs on non-AMD cores (measured on an "
+         "Intel Xeon)";
+}
 }  // namespace avx512_bf16
 
 }  // namespace cpu

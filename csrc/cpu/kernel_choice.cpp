@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 namespace paged_attn {
 namespace cpu {
@@ -33,12 +34,22 @@ std::vector<VariantStatus> probe() {
     VariantStatus s{&variants[i], true, ""};
     if (!variants[i].cpu_supports()) {
       s.runnable = false;
-      s.why_not = "this CPU lacks its instructions";
+      s.note = "this CPU lacks its instructions";
     } else if (static_cast<int>(variants[i].level) > static_cast<int>(cap)) {
       s.runnable = false;
-      s.why_not = "torch's CPU capability is " + torch_cap + " (ATEN_CPU_CAPABILITY)";
+      s.note = "torch's CPU capability is " + torch_cap + " (ATEN_CPU_CAPABILITY)";
     }
     out.push_back(s);
+  }
+  // A runnable variant measured slower on this CPU than the runnable one after it trades places
+  // with it: "best first" is about the CPU at hand.
+  for (size_t i = 0; i + 1 < out.size(); ++i) {
+    const char* why = out[i].variant->slower_here ? out[i].variant->slower_here() : nullptr;
+    if (why != nullptr && out[i].runnable && out[i + 1].runnable) {
+      out[i].note = std::string("ranked after ") + out[i + 1].variant->name + " here: " + why;
+      std::swap(out[i], out[i + 1]);
+      ++i;
+    }
   }
   return out;
 }
@@ -63,7 +74,7 @@ const KernelVariant* choose_variant(std::string* error) {
   for (const auto& s : statuses) {
     if (std::strcmp(s.variant->name, wanted) == 0) {
       if (s.runnable) return s.variant;
-      *error = std::string("PAGED_ATTN_CPU_KERNEL=") + wanted + " cannot run here: " + s.why_not;
+      *error = std::string("PAGED_ATTN_CPU_KERNEL=") + wanted + " cannot run here: " + s.note;
       return nullptr;
     }
     names += names.empty() ? "" : ", ";

@@ -13,11 +13,12 @@ namespace cpu {
 
 struct VariantStatus {
   const KernelVariant* variant;
-  bool runnable;        // the CPU supports it and torch's capability does not cap it
-  std::string why_not;  // when not runnable: the reason, in words
+  bool runnable;     // the CPU supports it and torch's capability does not cap it
+  std::string note;  // not runnable: why; runnable but ranked below the next entry of the
+                     // build's table (KernelVariant::slower_here): why; else empty
 };
 
-// Every variant of this build, best first.
+// Every variant of this build, best first for this CPU.
 const std::vector<VariantStatus>& variant_statuses();
 
 // The variant to run now, or nullptr with *error set (PAGED_ATTN_CPU_KERNEL names an unknown

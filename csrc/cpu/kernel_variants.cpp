@@ -1,5 +1,6 @@
-// kernel_variants.cpp — THE list of CPU kernel variants this build holds, best first: the
-// launcher runs the first one the CPU supports (capped by the framework's CPU capability) unless
+// kernel_variants.cpp — THE list of CPU kernel variants this build holds, best first (where a
+// variant's slower_here says otherwise for the CPU at hand, kernel_choice.cpp ranks it after
+// the next one): the launcher runs the first one the CPU supports (capped by the framework's CPU capability) unless
 // PAGED_ATTN_CPU_KERNEL names another. Adding an ISA: its isa_<name>.cpp and one line here.
 #include "attention_kernel.h"
 #include "kernel_common.h"
@@ -12,6 +13,9 @@ namespace cpu {
 PA_DECLARE_KERNEL_VARIANT(avx512_bf16)
 PA_DECLARE_KERNEL_VARIANT(avx512)
 PA_DECLARE_KERNEL_VARIANT(avx2)
+namespace avx512_bf16 {
+const char* slower_here();
+}
 #endif
 #if defined(__aarch64__)
 #define PA_AARCH64 1
@@ -22,14 +26,15 @@ PA_DECLARE_KERNEL_VARIANT(scalar)
 namespace {
 const KernelVariant kVariants[] = {
 #ifdef PA_X86_64
-    {"avx512-bf16", IsaLevel::kAvx512, avx512_bf16::cpu_supports, avx512_bf16::attention_partition},
-    {"avx512", IsaLevel::kAvx512, avx512::cpu_supports, avx512::attention_partition},
-    {"avx2-fma", IsaLevel::kAvx2, avx2::cpu_supports, avx2::attention_partition},
+    {"avx512-bf16", IsaLevel::kAvx512, avx512_bf16::cpu_supports, avx512_bf16::attention_partition,
+     avx512_bf16::slower_here},
+    {"avx512", IsaLevel::kAvx512, avx512::cpu_supports, avx512::attention_partition, nullptr},
+    {"avx2-fma", IsaLevel::kAvx2, avx2::cpu_supports, avx2::attention_partition, nullptr},
 #endif
 #ifdef PA_AARCH64
-    {"neon", IsaLevel::kBaseline, neon::cpu_supports, neon::attention_partition},
+    {"neon", IsaLevel::kBaseline, neon::cpu_supports, neon::attention_partition, nullptr},
 #endif
-    {"scalar", IsaLevel::kBaseline, scalar::cpu_supports, scalar::attention_partition},
+    {"scalar", IsaLevel::kBaseline, scalar::cpu_supports, scalar::attention_partition, nullptr},
 };
 }  // namespace
 

@@ -67,7 +67,7 @@ class Detection:
     cuda_archs: list = field(default_factory=list)  # images compiled into _C ("sm_90", ...)
     gpus: list = field(default_factory=list)  # GpuInfo per visible CUDA device
     cpu_kernel: str = ""  # the CPU kernel variant our ops run ("avx2-fma", ...) or the error
-    cpu_kernel_variants: list = field(default_factory=list)  # [(name, runnable, why_not)]
+    cpu_kernel_variants: list = field(default_factory=list)  # [(name, runnable, note)]
     cpu_threading: Optional[dict] = None  # paged_attention_ext.cpu_threading(); None: no _C
     fallback_available: bool = False
     reference_available: bool = False
@@ -369,8 +369,8 @@ def describe(det: Detection) -> list:
     lines.append(("CPU backend", f"compiled kernel, variant {det.cpu_kernel}" if cpu
                   else "PyTorch fallback (no compiled CPU kernel)"))
     if cpu:
-        variants = [name if ok else f"{name} (cannot run: {why})"
-                    for name, ok, why in det.cpu_kernel_variants]
+        variants = [(f"{name} ({note})" if note else name) if ok else f"{name} (cannot run: {note})"
+                    for name, ok, note in det.cpu_kernel_variants]
         lines.append(("CPU kernel variants", ", ".join(variants) +
                       "  [PAGED_ATTN_CPU_KERNEL=<name> forces one]"))
         lines.append(("CPU kernel threads", _cpu_threads(build, det.cpu_threading)))
