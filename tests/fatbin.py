@@ -4,6 +4,8 @@ list it passed to nvcc; this reads what nvcc wrote)."""
 
 import struct
 
+from paged_attention_ext.tools.cuda_arch import parse_targets
+
 # A CUDA fatbinary starts with magic 0xBA55ED50 (u32), version (u16), header size (u16),
 # payload size (u64). Each entry then has: kind (u16: 1 PTX, 2 ELF cubin), version (u16),
 # header size (u32), padded payload size (u64), ..., the SM number (u32) at byte 28.
@@ -11,7 +13,9 @@ _FATBIN_MAGIC = struct.pack("<I", 0xBA55ED50)
 
 
 def fatbin_archs(blob: bytes) -> list:
-    """Sorted 'sm_XX' (cubin) and 'compute_XX' (PTX) names found in a shared library's fatbins."""
+    """The 'sm_XX' (cubin) and 'compute_XX' (PTX) names found in a shared library's fatbins, in
+    the order build_info() lists a build's images (cuda_arch.parse_targets: by arch, SASS before
+    PTX of the same arch)."""
     found = set()
     start = blob.find(_FATBIN_MAGIC)
     while start != -1:
@@ -28,7 +32,7 @@ def fatbin_archs(blob: bytes) -> list:
         except struct.error:
             pass
         start = blob.find(_FATBIN_MAGIC, start + 4)
-    return sorted(found, key=lambda a: (int(a.split("_")[1]), a))
+    return [t.name for t in parse_targets(found)]
 
 
 def library_archs(path: str) -> list:

@@ -31,7 +31,9 @@ def test_keys_and_types(build):
     assert set(build) == {"torch_version", "cpu_kernel_variants", "registered_kernels", "cuda",
                           "cuda_archs", "cuda_attention_pairs", "cuda_head_sizes",
                           "cuda_runtime_version", "cuda_attention_kernel", "cuda_split", "cuda_pdl",
-                          "compiler", "openmp"}
+                          "cuda_baseline_kernel", "compiler", "openmp"}
+    assert build["cuda_baseline_kernel"] in (
+        ("every arch", "below sm_80 only") if build["cuda"] else ("",))
     assert isinstance(build["cuda"], bool) and isinstance(build["cuda_attention_kernel"], str)
     assert isinstance(build["cuda_split"], str) and isinstance(build["cuda_pdl"], str)
     assert isinstance(build["openmp"], bool) and isinstance(build["compiler"], str)
@@ -180,8 +182,30 @@ def _fatbin(entries):
 
 def test_fatbin_archs_reads_entries():
     blob = _fatbin([(2, 90), (2, 80), (1, 90)])
-    assert fatbin.fatbin_archs(blob) == ["sm_80", "compute_90", "sm_90"]
+    assert fatbin.fatbin_archs(blob) == ["sm_80", "sm_90", "compute_90"]
     assert fatbin.fatbin_archs(b"no fatbin here") == []
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_the_default_arch_list_gives_the_images_build_info_reports(tmp_path, monkeypatch):
+    """What a build with no GPU visible and no TORCH_CUDA_ARCH_LIST compiles (the default list:
+    `pip install .`, wheels, PAGED_ATTN_BUILD_CUDA=1): the image names setup.py compiles into
+    build_info() (cuda_arch.resolve_build) are the images nvcc writes with the build's own
+    -gencode and device-code flags, in build_info()'s order. One small kernel stands in for the
+    extension, so every run with nvcc checks the newcomer's list, not only CI's arch."""
+    from paged_attention_ext.tools import cuda_arch
+
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    monkeypatch.setattr(cuda_arch, "visible_capabilities", lambda: ([], None))
+    archs, _, gencode, targets = cuda_arch.resolve_build(None)
+    assert archs == cuda_arch.DEFAULT_ARCH_LIST
+    code_flags, _ = cuda_arch.device_code_flags({}, cuda_arch.nvcc_has_compress_mode("nvcc"))
+    src = tmp_path / "k.cu"
+    src.write_text("__global__ void k(float* x) { x[threadIdx.x] += 1.f; }\n")
+    lib = tmp_path / "k.so"
+    subprocess.run(["nvcc", "-shared", "-Xcompiler", "-fPIC", *gencode, *code_flags, str(src),
+                    "-o", str(lib)], check=True, capture_output=True, timeout=300)
+    assert fatbin.library_archs(str(lib)) == targets
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
