@@ -29,6 +29,9 @@
 //     cuda_pdl             str, whether a split's reduce kernel is launched with programmatic
 //                          dependent launch: PAGED_ATTN_CUDA_PDL (cuda/kernel_choice.h), ""
 //                          without CUDA
+//     cuda_baseline_kernel str, which archs' code holds the baseline kernel (cuda/
+//                          kernel_families.h): "every arch" (built with PAGED_ATTN_CUDA_BASELINE=1)
+//                          or "below sm_80 only", "" without CUDA
 //   cuda_attention_launches([reload]) -> {"baseline": n, "pipelined": n, "mma": n}
 //                          attention launches per CUDA kernel so far ({} without CUDA); a true
 //                          `reload` first reads PAGED_ATTN_CUDA_KERNEL, _SPLIT and _PDL again
@@ -50,6 +53,7 @@
 #include "core/cuda_arch.h"
 #include "cuda/build_info.h"
 #include "cuda/kernel_choice.h"
+#include "cuda/kernel_families.h"
 #endif
 
 namespace {
@@ -180,7 +184,10 @@ bool add_cuda_info(PyObject* info) {
          set_item(info, "cuda_attention_kernel",
                   PyUnicode_FromString(cuda::attention_kernel_setting().c_str())) &&
          set_item(info, "cuda_split", PyUnicode_FromString(cuda::split_setting().c_str())) &&
-         set_item(info, "cuda_pdl", PyUnicode_FromString(cuda::pdl_setting().c_str()));
+         set_item(info, "cuda_pdl", PyUnicode_FromString(cuda::pdl_setting().c_str())) &&
+         set_item(info, "cuda_baseline_kernel",
+                  PyUnicode_FromString(cuda::kBaselineOnEveryArch ? "every arch"
+                                                                  : "below sm_80 only"));
 }
 
 PyObject* cuda_attention_launches(PyObject*, PyObject* args) {
@@ -207,7 +214,8 @@ bool add_cuda_info(PyObject* info) {
          set_item(info, "cuda_runtime_version", PyLong_FromLong(0)) &&
          set_item(info, "cuda_attention_kernel", PyUnicode_FromString("")) &&
          set_item(info, "cuda_split", PyUnicode_FromString("")) &&
-         set_item(info, "cuda_pdl", PyUnicode_FromString(""));
+         set_item(info, "cuda_pdl", PyUnicode_FromString("")) &&
+         set_item(info, "cuda_baseline_kernel", PyUnicode_FromString(""));
 }
 
 PyObject* cuda_attention_launches(PyObject*, PyObject* args) {

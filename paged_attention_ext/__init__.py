@@ -106,6 +106,8 @@ def build_info():
       cuda_pdl              whether a split's reduce kernel is launched with programmatic dependent
                             launch ("off", or "on where ..." with PAGED_ATTN_CUDA_PDL=1;
                             docs/CUDA.md); "" without CUDA
+      cuda_baseline_kernel  which archs' code holds the baseline CUDA kernel: "every arch" (built
+                            with PAGED_ATTN_CUDA_BASELINE=1) or "below sm_80 only"; "" without CUDA
     None when `_C` is not loaded (extension_status() says why)."""
     if not extension_loaded():
         return None

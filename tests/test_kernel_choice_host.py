@@ -55,14 +55,19 @@ HOST_PROGRAM = textwrap.dedent(r"""
 """)
 
 
-@pytest.fixture(scope="module")
-def choose(tmp_path_factory):
+@pytest.fixture(scope="module", params=["default build", "PAGED_ATTN_CUDA_BASELINE"])
+def choose(tmp_path_factory, request):
     """choose([(setting, code_arch[, split[, pdl]])]) -> [(kernel, error, rule text)]; with
     split=True: [((split blocks per SM, min partition tiles), split error, split text)]; with
-    pdl=True: [(programmatic launch, pdl error, pdl text)]."""
+    pdl=True: [(programmatic launch, pdl error, pdl text)]. Built twice: as a default build (the
+    baseline kernel only in code below sm_80: csrc/cuda/kernel_families.h) and as one built with
+    PAGED_ATTN_CUDA_BASELINE=1 (the baseline in every arch's code); choose.baseline_everywhere
+    says which."""
+    baseline_everywhere = request.param == "PAGED_ATTN_CUDA_BASELINE"
     exe = host_cpp.build(tmp_path_factory.mktemp("kernel_choice"), "kernel_choice_host",
                          HOST_PROGRAM + '#include "cuda/kernel_choice.cu"\n', std="c++17",
-                         flags=("-O1", "-Wall", "-Werror"))
+                         flags=("-O1", "-Wall", "-Werror")
+                         + (("-DPAGED_ATTN_CUDA_BASELINE",) if baseline_everywhere else ()))
 
     def run(cases, split=False, pdl=False):
         text = "".join(" ".join([case[0] or "-", str(case[1])] +
@@ -79,6 +84,7 @@ def choose(tmp_path_factory):
             return [(f[6] == "1", f[7], f[8]) for f in fields]
         return [tuple(f[:3]) for f in fields]
 
+    run.baseline_everywhere = baseline_everywhere
     return run
 
 
@@ -95,9 +101,16 @@ def test_auto_takes_tensor_cores_only_for_code_compiled_for_sm80(choose, setting
     assert all(rule.startswith("auto:") for _, _, rule in got)
 
 
-def test_baseline_runs_on_every_arch(choose):
+def test_forced_baseline_runs_where_the_build_compiled_it(choose):
     got = choose([("baseline", arch) for arch in OLD + NEW])
-    assert all(kernel == "baseline" and error == "" for kernel, error, _ in got)
+    assert all(kernel == "baseline" for kernel, _, _ in got)
+    for (_, error, _), arch in zip(got, OLD + NEW):
+        if arch < 80 or choose.baseline_everywhere:
+            assert error == "", (arch, error)
+        else:  # its code for sm_80+ holds a trap in the baseline's place: refused, never launched
+            for part in ("PAGED_ATTN_CUDA_KERNEL=baseline", "cuda:3", f"sm_{arch}",
+                         "PAGED_ATTN_CUDA_BASELINE=1"):
+                assert part in error, (part, error)
 
 
 @pytest.mark.parametrize("setting", ["pipelined", "mma"])

@@ -52,6 +52,7 @@
 #include "fast_math.cuh"
 #include "grid_dependency.cuh"
 #include "row_check.cuh"
+#include "kernel_families.h"
 #include "warp_reduce.cuh"
 
 namespace paged_attn {
@@ -162,17 +163,16 @@ __device__ __forceinline__ uint32_t attending_heads(const PagedAttentionParams& 
 // 65536 / (128 * n): 3 (168 registers, 12 warps per SM) for the small tiles, else 1 (255: the
 // large tiles' accumulators need nearly all of them). NOTE: with no promise ptxas aims too low
 // for the small tiles, and a promise of 4 (128 registers) is too few for tiles with 8 heads or 8
-// dims per lane: both spill. docs/cuda_resource_report.txt shows registers and spills per kernel.
+// dims per lane: both spill. build/cuda_resource_report.txt shows registers and spills per kernel.
 template <int kDimsPerLane, int kHeadTile>
 constexpr int attention_min_blocks() {
   return (kDimsPerLane <= 4 && kDimsPerLane * kHeadTile <= 16) ? 3 : 1;
 }
 
+// The kernel's body (paged_attention_kernel below is the kernel).
 template <typename Scalar, CacheKind kCache, int kDimsPerLane, int kHeadTile, int kWarpSize,
           int kNumWarps>
-__global__ void __launch_bounds__(kNumWarps* kWarpSize,
-                                  attention_min_blocks<kDimsPerLane, kHeadTile>())
-    paged_attention_kernel(const PagedAttentionParams p) {
+__device__ __forceinline__ void baseline_attention(const PagedAttentionParams& p) {
   using CacheT = typename CacheElement<Scalar, kCache>::type;
   constexpr int kThreads = kNumWarps * kWarpSize;
   constexpr int kMaxDims = kDimsPerLane * kWarpSize;
@@ -428,6 +428,20 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
       write_head_result<Scalar>(p, seq, head0 + g, part, d, total, any_bad, v_scale);
     }
     __syncthreads();  // NOTE: the next pass rewrites smem.q / out / stats
+  }
+}
+
+// The baseline kernel, where this arch's device code holds it (kernel_families.h); elsewhere a
+// trap that the kernel choice never launches.
+template <typename Scalar, CacheKind kCache, int kDimsPerLane, int kHeadTile, int kWarpSize,
+          int kNumWarps>
+__global__ void __launch_bounds__(kNumWarps* kWarpSize,
+                                  attention_min_blocks<kDimsPerLane, kHeadTile>())
+    paged_attention_kernel(const PagedAttentionParams p) {
+  if constexpr (PAGED_ATTN_DEVICE_CODE_HAS_BASELINE) {
+    baseline_attention<Scalar, kCache, kDimsPerLane, kHeadTile, kWarpSize, kNumWarps>(p);
+  } else {
+    __trap();
   }
 }
 

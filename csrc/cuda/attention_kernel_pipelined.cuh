@@ -89,6 +89,7 @@
 #include "attention_kernel.cuh"  // block_token_range, attending_heads, write_head_result
 #include "cache_access.cuh"
 #include "gqa_mma.cuh"
+#include "kernel_families.h"
 #include "grid_dependency.cuh"
 #include "mma_ops.cuh"
 #include "pipeline_config.cuh"
@@ -115,9 +116,7 @@ __device__ __forceinline__ int64_t shfl_int64(int64_t v, int src_lane) {
 // kMma: the tile's heads on tensor cores (see the top; 16-bit Scalar, kHeadTile <= kMmaHeads).
 template <typename Scalar, CacheKind kCache, int kDimsPerLane, int kHeadTile, int kWarpSize,
           int kNumWarps, bool kMma>
-__global__ void __launch_bounds__(kNumWarps* kWarpSize,
-                                  pipelined_min_blocks<kDimsPerLane, kHeadTile, kMma>())
-    paged_attention_pipelined_kernel(const PagedAttentionParams p) {
+__device__ __forceinline__ void pipelined_attention(const PagedAttentionParams& p) {
   using CacheT = typename CacheElement<Scalar, kCache>::type;
   using Cfg = PipelineConfig<CacheT, kDimsPerLane, kHeadTile, kWarpSize, kNumWarps, kMma>;
   static_assert(!kMma || kWarpSize == 32, "mma.sync is a 32-lane operation");
@@ -625,6 +624,20 @@ __global__ void __launch_bounds__(kNumWarps* kWarpSize,
       write_head_result<Scalar>(p, seq, head0 + g, part, d, total, any_bad, v_scale);
     }
     __syncthreads();  // NOTE: the next pass rewrites q, the rings (smem_out) and the stats
+  }
+}
+
+// The pipelined kernel (kMma: its tensor-core form), where this arch's device code holds it
+// (kernel_families.h: sm_80 and newer); elsewhere a trap that the kernel choice never launches.
+template <typename Scalar, CacheKind kCache, int kDimsPerLane, int kHeadTile, int kWarpSize,
+          int kNumWarps, bool kMma>
+__global__ void __launch_bounds__(kNumWarps* kWarpSize,
+                                  pipelined_min_blocks<kDimsPerLane, kHeadTile, kMma>())
+    paged_attention_pipelined_kernel(const PagedAttentionParams p) {
+  if constexpr (PAGED_ATTN_DEVICE_CODE_HAS_PIPELINED) {
+    pipelined_attention<Scalar, kCache, kDimsPerLane, kHeadTile, kWarpSize, kNumWarps, kMma>(p);
+  } else {
+    __trap();
   }
 }
 

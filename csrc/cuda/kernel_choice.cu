@@ -8,6 +8,7 @@
 
 #include "../core/split_plan.h"
 #include "kernel_choice.h"
+#include "kernel_families.h"
 
 namespace paged_attn {
 namespace cuda {
@@ -16,7 +17,6 @@ namespace {
 constexpr const char* kEnvVar = "PAGED_ATTN_CUDA_KERNEL";
 constexpr const char* kSplitEnvVar = "PAGED_ATTN_CUDA_SPLIT";
 constexpr const char* kPdlEnvVar = "PAGED_ATTN_CUDA_PDL";
-constexpr int kMinPipelinedArch = 80;  // cp.async, ldmatrix, mma.sync with bf16: sm_80
 
 // The setting: -1 not read yet, else one of these.
 enum Setting : int {
@@ -115,12 +115,19 @@ const char* attention_kernel_name(AttentionKernel kernel) {
 
 AttentionKernel choose_attention_kernel(int device, int code_arch, std::string* error) {
   const int s = setting();
-  if (s == kForceBaseline) return AttentionKernel::kBaseline;
   if (s == kInvalid) {
     *error = invalid_message();
     return AttentionKernel::kBaseline;
   }
-  if (code_arch >= kMinPipelinedArch)
+  if (s == kForceBaseline) {
+    if (!baseline_compiled_for(code_arch)) {
+      *error = std::string(kEnvVar) + "=baseline: this build has no baseline kernel in its code "
+               "for sm_80 and newer (cuda:" + std::to_string(device) + " runs its sm_" +
+               std::to_string(code_arch) + " code); rebuild with PAGED_ATTN_CUDA_BASELINE=1";
+    }
+    return AttentionKernel::kBaseline;
+  }
+  if (pipelined_compiled_for(code_arch))
     return s == kForcePipelined ? AttentionKernel::kPipelined : AttentionKernel::kMma;
   if (s == kForcePipelined || s == kForceMma) {
     *error = std::string(kEnvVar) + "=" + g_value +
