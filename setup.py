@@ -18,6 +18,8 @@ Environment:
     PAGED_ATTN_SANITIZE=1  AddressSanitizer + UndefinedBehaviorSanitizer on the C++ code (CPU-only
                            build in build/temp-sanitize; scripts/sanitize.sh runs the tests on it)
     PAGED_ATTN_PTXAS_VERBOSE=1   print nvcc's register / spill report per kernel
+    PAGED_ATTN_CUDA_BASELINE=1   the baseline CUDA kernel for sm_80+ too (below sm_80 it is always
+                                 built); PAGED_ATTN_CUDA_LINEINFO=1  -lineinfo (for profiling)
 """
 
 import glob
@@ -159,11 +161,15 @@ def extension():
         py_limited_api=True,
     )
     if want_cuda():
+        cuda_arch = _tool_module("cuda_arch")
+        code_flags, defines = cuda_arch.device_code_flags(
+            os.environ, cuda_arch.nvcc_has_compress_mode(
+                os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc")))
         # PAGED_ATTN_WITH_CUDA: module.cpp's build_info() reports the CUDA part (cuda/build_info.h).
-        cxx_flags = cxx_flags + ["-DPAGED_ATTN_WITH_CUDA"]
+        cxx_flags = cxx_flags + ["-DPAGED_ATTN_WITH_CUDA"] + defines
         # nvcc has no -g0 (host debug info is off by default there).
-        nvcc_flags = [f for f in opt if f != "-g0"] + ["-lineinfo", "--expt-relaxed-constexpr"]
-        nvcc_flags += cuda_arch_flags()
+        nvcc_flags = [f for f in opt if f != "-g0"] + ["--expt-relaxed-constexpr"]
+        nvcc_flags += code_flags + defines + cuda_arch_flags()
         if os.environ.get("PAGED_ATTN_PTXAS_VERBOSE") == "1":
             nvcc_flags.append("-Xptxas=-v")
         return cpp_extension.CUDAExtension(

@@ -199,7 +199,10 @@ fi
 echo "| gpu | ok: $(head -n 1 "$OUT_DIR/gpu.log" | cut -c1-60), sm_${ARCH/./} | 0 | gpu.log |" >> "$RESULTS"
 
 # ---- 2. build for this GPU ----
-export MAX_JOBS=16 TORCH_CUDA_ARCH_LIST="$ARCH" PAGED_ATTN_BUILD_CUDA=1 PAGED_ATTN_PTXAS_VERBOSE=1
+# The baseline kernel (the reference the bench compares with) and -lineinfo (the profile's source
+# counters) are built here, as scripts/prebuild_cuda.sh builds them.
+export MAX_JOBS=16 TORCH_CUDA_ARCH_LIST="$ARCH" PAGED_ATTN_BUILD_CUDA=1 PAGED_ATTN_PTXAS_VERBOSE=1 \
+  PAGED_ATTN_CUDA_BASELINE=1 PAGED_ATTN_CUDA_LINEINFO=1
 if [[ -z "${CUDA_HOME:-}" && -d /usr/local/cuda ]]; then export CUDA_HOME=/usr/local/cuda; fi
 # prebuilt_mismatch DIR: nothing when DIR (scripts/prebuild_cuda.sh's output) fits this machine:
 # its stamp names this checkout's committed csrc/ tree (and csrc/ is clean), the python's torch

@@ -26,7 +26,8 @@ git archive HEAD | tar -x -C "$WORK"
 echo "prebuild_cuda.sh: building HEAD ($(git rev-parse --short HEAD)) for sm_${ARCH/./} with" \
      "torch $TORCH_VERSION in $WORK"
 (cd "$WORK" && MAX_JOBS="${MAX_JOBS:-$(nproc)}" TORCH_CUDA_ARCH_LIST="$ARCH" \
-   PAGED_ATTN_BUILD_CUDA=1 "$PY" setup.py build_ext --inplace > "$WORK/build.log" 2>&1) ||
+   PAGED_ATTN_BUILD_CUDA=1 PAGED_ATTN_CUDA_BASELINE=1 PAGED_ATTN_CUDA_LINEINFO=1 \
+   "$PY" setup.py build_ext --inplace > "$WORK/build.log" 2>&1) ||
   { tail -n 30 "$WORK/build.log" >&2; echo "prebuild_cuda.sh: the build failed" >&2; exit 1; }
 mkdir -p "$OUT_DIR"
 gzip -c "$WORK/paged_attention_ext/_C.abi3.so" > "$OUT_DIR/_C.abi3.so.gz"

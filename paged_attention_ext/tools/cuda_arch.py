@@ -33,6 +33,10 @@ DEFAULT_ARCH_LIST = "7.5;8.0;9.0;10.0;12.0+PTX"
 
 Capability = Tuple[int, int]
 
+# How a user asks the README's commands for the CUDA kernels when no GPU is visible (they build
+# none then: scripts/setup_env.sh); `info` prints it.
+BUILD_CUDA_COMMAND = "PAGED_ATTN_BUILD_CUDA=1 bash scripts/setup_env.sh"
+
 # GPUs people have, for `info` without a GPU and for the docs (name, compute capability).
 COMMON_GPUS = (
     ("T4, RTX 20", (7, 5)),
@@ -215,13 +219,54 @@ def resolve_build(env: Optional[str]):
     return archs, why, flags, targets_from_gencode(flags)
 
 
+# What else decides the device code and its size, from the environment of the build (setup.py
+# and CMakeLists.txt both ask `device_code_flags`; docs/BUILD.md, "What a build holds"):
+#   PAGED_ATTN_CUDA_BASELINE=1  the baseline kernel in the code for sm_80+ too (csrc/cuda/
+#                               kernel_families.h); CI and the GPU check build it, as the reference
+#                               PAGED_ATTN_CUDA_KERNEL=baseline runs;
+#   PAGED_ATTN_CUDA_LINEINFO=1  -lineinfo: source lines for Nsight Compute (2.7x the SASS size);
+# and the fatbinary is compressed for size wherever nvcc can (--compress-mode, nvcc >= 12.8: 4x
+# smaller than nvcc's default compression, decompressed once when the library loads).
+BASELINE_ENV = "PAGED_ATTN_CUDA_BASELINE"
+LINEINFO_ENV = "PAGED_ATTN_CUDA_LINEINFO"
+
+
+def nvcc_has_compress_mode(nvcc: str) -> bool:
+    """Whether this nvcc takes --compress-mode (its --help lists it)."""
+    import subprocess
+
+    try:
+        help_text = subprocess.run([nvcc, "--help"], capture_output=True, text=True,
+                                   timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "--compress-mode" in help_text
+
+
+def device_code_flags(env, compress_mode: bool) -> Tuple[list, list]:
+    """(nvcc-only flags, defines for the host compiler and nvcc alike) for a build whose
+    environment is `env` and whose nvcc takes --compress-mode or not."""
+    nvcc = ["--compress-mode=size"] if compress_mode else []
+    if env.get(LINEINFO_ENV) == "1":
+        nvcc.append("-lineinfo")
+    defines = ["-DPAGED_ATTN_CUDA_BASELINE"] if env.get(BASELINE_ENV) == "1" else []
+    return nvcc, defines
+
+
 def main(argv: Sequence[str]) -> int:
     """`python cuda_arch.py resolve` (CMakeLists.txt): prints the arch list a build here uses and,
-    on a second line, its images colon-separated (the value of -DPAGED_ATTN_CUDA_ARCHS)."""
-    if list(argv) != ["resolve"]:
-        print("usage: python cuda_arch.py resolve", file=sys.stderr)
-        return 2
+    on a second line, its images colon-separated (the value of -DPAGED_ATTN_CUDA_ARCHS).
+    `python cuda_arch.py flags NVCC`: device_code_flags for this environment, one line,
+    space-separated."""
     import os
+
+    if len(argv) == 2 and argv[0] == "flags":
+        nvcc, defines = device_code_flags(os.environ, nvcc_has_compress_mode(argv[1]))
+        print(" ".join(nvcc + defines))
+        return 0
+    if list(argv) != ["resolve"]:
+        print("usage: python cuda_arch.py resolve | flags NVCC", file=sys.stderr)
+        return 2
 
     archs, why, _, targets = resolve_build(os.environ.get("TORCH_CUDA_ARCH_LIST"))
     print(archs)
