@@ -261,8 +261,15 @@ def op_backend_name(device: str) -> str:
 def _describe_gpus(det: Detection, cuda_compiled: bool) -> list:
     """(topic, text) lines: each visible GPU and whether our kernels run there; without a GPU,
     which common GPUs the compiled archs cover."""
-    lines = [("CUDA archs", ", ".join(det.cuda_archs) if det.cuda_archs else
-              "none compiled" + ("" if det.extension_loaded else " (extension not loaded)"))]
+    if det.cuda_archs:
+        archs = ", ".join(det.cuda_archs)
+    elif det.extension_loaded:
+        archs = ("none: this _C was built without the CUDA kernels. To build them: "
+                 f"`{cuda_arch.BUILD_CUDA_COMMAND}` (T4 to Blackwell), or on the GPU's machine "
+                 "`pip install --no-build-isolation -e .` (its arch; docs/BUILD.md)")
+    else:
+        archs = "none compiled (extension not loaded)"
+    lines = [("CUDA archs", archs)]
     if not det.gpus:
         lines.append(("CUDA devices", "none visible"))
     for g in det.gpus:
@@ -313,7 +320,8 @@ def _describe_build(build: dict) -> list:
         package, _ = _import("paged_attention_ext")  # loaded: build came from its _C
         kernels = "|".join(package._C.cuda_attention_launches())  # the names, from csrc
         lines.append(("CUDA attention kernel", f"{build['cuda_attention_kernel']}  "
-                      f"[PAGED_ATTN_CUDA_KERNEL={kernels} forces one]"))
+                      f"[PAGED_ATTN_CUDA_KERNEL={kernels} forces one; the baseline is "
+                      f"compiled for {build['cuda_baseline_kernel']}]"))
         lines.append(("CUDA v1 / decode split", f"{build['cuda_split']}  "
                       "[PAGED_ATTN_CUDA_SPLIT=off|B|B:T sets another]"))
         lines.append(("CUDA reduce launch", "programmatic dependent launch: "
