@@ -9,10 +9,17 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+# pytest-xdist's workers set COLUMNS=80 (a user's narrow terminal to the CLI, which then folds its
+# tables); the tests read the CLI's output as it is written to a file or pipe.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
+
 
 def pytest_configure(config):
     # Also declared in pyproject.toml; repeated here so the suite runs from any rootdir.
-    config.addinivalue_line("markers", "slow: long-running tests (deselect with -m 'not slow')")
+    config.addinivalue_line("markers", "slow: not in the default test command (scripts/test.sh): "
+                            "long runs and the builds of separate programs; --all runs them too")
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -40,6 +40,10 @@ from paged_attention_ext.validation import Blocksparse, parse_kv_cache_dtype  # 
 from test_blocksparse_reference import _mask as blocksparse_mask  # noqa: E402
 from test_blocksparse_reference import _poison_skipped as poison_skipped  # noqa: E402
 
+# Builds of the torch-free driver for the host and for aarch64 (qemu): not in the default test
+# command (`bash scripts/test.sh --all` and CI run them).
+pytestmark = pytest.mark.slow
+
 MAGIC = b"PACASE3\0"
 HEADER_INTS = ("scalar_kind", "cache_kind", "num_seqs", "num_heads", "num_kv_heads", "head_size",
                "block_size", "x", "max_blocks_per_seq", "num_blocks", "has_alibi", "kv_form",

@@ -48,6 +48,10 @@ from paged_attention_ext.core import key_chunk_elements
 from paged_attention_ext.tools import conformance, testing
 from paged_attention_ext.validation import Blocksparse, parse_kv_cache_dtype
 
+# Builds of the simulation driver (plain and under ThreadSanitizer): minutes of compiling, so not
+# in the default test command (`bash scripts/test.sh --all` and CI run them).
+pytestmark = pytest.mark.slow
+
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 # test_cpu_kernel_cross.CASES' form; head sizes 64-128 (the driver's compiled shapes), every GQA
 # tile, both cache forms, blocksparse

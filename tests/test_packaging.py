@@ -48,3 +48,47 @@ def test_sdist_holds_every_source_the_build_needs(tmp_path):
     missing = sorted(needed - in_sdist)
     assert not missing, f"missing from the sdist: {missing}"
     assert not [name for name in in_sdist if name.endswith((".so", ".o", ".pyc"))]
+
+
+@pytest.mark.slow  # a whole CPU-only build of the extension (~2 min on 2 cores)
+def test_wheel_installs_into_a_fresh_venv_and_checks(tmp_path):
+    """`pip wheel --no-build-isolation` (CPU-only) gives a wheel that installs, with no index, into
+    a fresh venv that sees this environment's torch (and nothing of this checkout), loads its _C
+    there and passes `paged-attn check`: the round trip a release wheel makes."""
+    tracked = _tracked_files()
+    src, dist, venv = tmp_path / "src", tmp_path / "dist", tmp_path / "venv"
+    for path in tracked:  # a clean copy: the checkout's build folder and _C stay out
+        if os.path.isfile(os.path.join(ROOT, path)):
+            os.makedirs(src / os.path.dirname(path), exist_ok=True)
+            shutil.copy2(os.path.join(ROOT, path), src / path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PAGED_ATTN_")}
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation",
+                            "--no-deps", "-w", str(dist), str(src)], cwd=tmp_path,
+                           env=env | {"PAGED_ATTN_BUILD_CUDA": "0"}, capture_output=True,
+                           text=True, timeout=1800)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    [wheel] = dist.glob("paged_attention_ext-*.whl")
+    assert "-cp39-abi3-" in wheel.name, wheel.name  # one wheel for every CPython >= 3.9
+
+    # The fresh venv sees this environment's packages (torch, rich) through a .pth file: its own
+    # site-packages comes first, and the parent's .pth files (this checkout's editable install)
+    # are not processed there.
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    import sysconfig
+    parent = sysconfig.get_paths()["purelib"]
+    [site] = venv.glob("lib/python*/site-packages")
+    (site / "parent_site_packages.pth").write_text(parent + "\n")
+    python = venv / "bin" / "python"
+    installed = subprocess.run([str(python), "-m", "pip", "install", "--no-index", str(wheel)],
+                               cwd=tmp_path, env=env,
+                               capture_output=True, text=True, timeout=600)
+    assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
+    where = subprocess.run([str(python), "-c", "import paged_attention_ext as pa; "
+                            "print(pa.__file__, pa._C.__file__)"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert where.returncode == 0, where.stderr[-3000:]
+    assert all(path.startswith(str(site)) for path in where.stdout.split()), where.stdout
+    checked = subprocess.run([str(venv / "bin" / "paged-attn"), "check"], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=900,
+                             env=env | {"PAGED_ATTN_REQUIRE_EXTENSION": "1"})
+    assert checked.returncode == 0, checked.stdout[-3000:] + checked.stderr[-3000:]

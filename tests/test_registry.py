@@ -195,11 +195,14 @@ def test_allocate_kv_cache_layout(kv_cache_dtype, storage, x):
 
 def test_readme_example_runs():
     readme = (ROOT / "README.md").read_text()
-    code = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
+    code = next(block for block in re.findall(r"```python\n(.*?)```", readme, re.S)
+                if "import torch, paged_attention_ext" in block)
     namespace = {}
     exec(compile(code, "README.md", "exec"), namespace)
     out = namespace["out"]
     assert out.shape == (1, 32, 128) and torch.isfinite(out).all()
+    # paged_decode on the HND cache written by reshape_and_cache_flash: the same attention
+    torch.testing.assert_close(namespace["out_hnd"], out, atol=1e-2, rtol=1e-2)
     # the same attention computed densely: the 40 cached tokens, GQA group of 4
     k = namespace["k"].float()  # [40, kv_heads, head_size]
     q = namespace["query"].float()[0].view(8, 4, 128)  # [kv_heads, group, head_size]
