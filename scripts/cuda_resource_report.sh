@@ -2,21 +2,23 @@
 # cuda_resource_report.sh — compile every CUDA kernel file with `-Xptxas=-v` and write the
 # per-kernel resource report (registers, stack, spills, shared memory) for each arch.
 #
-# Usage: scripts/cuda_resource_report.sh [output file]   (default docs/cuda_resource_report.txt)
+# Usage: scripts/cuda_resource_report.sh [output file]   (default build/cuda_resource_report.txt;
+#        CI writes it from its CUDA build, scripts/ci/cuda_build.sh)
 # Env:   TORCH_CUDA_ARCH_LIST (default: the build's default list, DEFAULT_ARCH_LIST in
 #        paged_attention_ext/tools/cuda_arch.py), NVCC (default nvcc on PATH or /usr/local/bin),
 #        JOBS (parallel nvcc processes, default 2), ONLY (space-separated globs of .cu names,
 #        default all),
 #        FROM_LOG (parse this build log instead of compiling, e.g. the output of
 #        `PAGED_ATTN_PTXAS_VERBOSE=1 python setup.py build_ext --inplace`: the real build's flags).
-# Needs no GPU and no torch: the kernel files include only csrc/ headers and the CUDA toolkit
+# Compiled as a build with PAGED_ATTN_CUDA_BASELINE=1 (csrc/cuda/kernel_families.h: the baseline
+# kernel in every arch's code, as CI and the GPU check build it). Needs no GPU and no torch: the kernel files include only csrc/ headers and the CUDA toolkit
 # (and a host C++ compiler, CXX or c++, for the expected kernel count).
 # Exits non-zero when any kernel spills (the project's rule: 0 bytes spill everywhere), when a
 # kernel's ptxas lines cannot be parsed, or when an arch's kernel count differs from the count the
 # instantiation lists give (below: "expected kernels").
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="${1:-$ROOT/docs/cuda_resource_report.txt}"
+OUT="${1:-$ROOT/build/cuda_resource_report.txt}"
 NVCC="${NVCC:-$(command -v nvcc || echo /usr/local/bin/nvcc)}"
 DEFAULT_ARCHS="$(sed -n 's/^DEFAULT_ARCH_LIST = "\(.*\)"$/\1/p' "$ROOT/paged_attention_ext/tools/cuda_arch.py")"
 ARCHS="${TORCH_CUDA_ARCH_LIST:-$DEFAULT_ARCHS}"
@@ -119,7 +121,8 @@ for arch in "${ARCH_ARR[@]}"; do
   done
 done | xargs -r -P "$JOBS" -L 1 bash -c '
   sm=$0; f=$1; log="'"$WORK"'/$(basename "$f" .cu).sm_$sm.log"
-  "'"$NVCC"'" -std=c++20 -O3 --expt-relaxed-constexpr -gencode "arch=compute_$sm,code=sm_$sm" \
+  "'"$NVCC"'" -std=c++20 -O3 --expt-relaxed-constexpr -DPAGED_ATTN_CUDA_BASELINE \
+    -gencode "arch=compute_$sm,code=sm_$sm" \
     -Xptxas=-v -I"'"$ROOT"'/csrc" -c "$f" -o /dev/null > "$log" 2>&1 || { cat "$log"; exit 255; }'
 elapsed=$(( $(date +%s) - start ))
 

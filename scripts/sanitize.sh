@@ -26,4 +26,7 @@ fi
 # Run from the staging folder so `import paged_attention_ext` finds the instrumented copy first.
 cd "$STAGE"
 "$PY" -c "import paged_attention_ext as pa, sys; assert pa.extension_loaded(), pa.EXTENSION_IMPORT_ERROR; print('sanitized extension:', pa._C.__file__, file=sys.stderr)"
-exec "$PY" -m pytest -q -p no:cacheprovider --rootdir "$ROOT" "$@"
+workers="$(nproc)"; ((workers > 8)) && workers=8
+xdist=()
+if ((workers > 1)) && "$PY" -c "import xdist" 2>/dev/null; then xdist=(-n "$workers"); fi
+exec "$PY" -m pytest -q -p no:cacheprovider --rootdir "$ROOT" "${xdist[@]}" "$@"

@@ -92,7 +92,7 @@ def test_every_pair_has_its_launchers_in_one_file(owner, generated):
 
 
 def test_the_kernel_count_the_resource_report_expects(owner):
-    """513 per arch, as docs/CUDA.md and docs/cuda_resource_report.txt say: the groups' kernels,
+    """513 per arch, as docs/CUDA.md and build/cuda_resource_report.txt say: the groups' kernels,
     one v2 reduce per query dtype, two reshape_and_cache kernels per query dtype."""
     _, groups, pairs = owner
     dtypes = {scalar for scalar, _, _ in pairs}

@@ -21,7 +21,7 @@
 namespace paged_attn {
 
 // Aim: at least this many thread blocks per SM. The kernel keeps 1-3 blocks resident per SM
-// (registers, docs/cuda_resource_report.txt), so 8 is 2.7-8 waves: the last wave's idle SMs are
+// (registers, build/cuda_resource_report.txt), so 8 is 2.7-8 waves: the last wave's idle SMs are
 // a small share of the call, and a latency-bound kernel gets every resident slot filled. The
 // default of SplitShape::blocks_per_sm; PAGED_ATTN_CUDA_SPLIT sets another (kernel_choice.h).
 constexpr int kSplitBlocksPerSm = 8;
