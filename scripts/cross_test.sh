@@ -3,7 +3,7 @@
 # torch: builds tests/cross/driver.cpp with the framework-free kernel sources (csrc/cpu) for the
 # host (g++: every x86 variant this CPU runs) and for aarch64 (aarch64-linux-gnu-g++ -static, run
 # under qemu-aarch64: neon and scalar), and runs each on a folder of cases written by
-# tests/test_cpu_kernel_cross.py (which also runs this script from pytest).
+# tests/support/cross_cases.py (tests/test_cpu_kernel_cross.py runs this script from pytest).
 #
 # Usage: bash scripts/cross_test.sh [--host | --arm | --arm-clang] [CASE_DIR]
 #   CASE_DIR  cases to run; default: written to $BUILD/cases first (needs torch + the package)
@@ -54,7 +54,7 @@ if [ -z "$CASES" ]; then
   CASES="$BUILD/cases"
   PY="${PYTHON:-$ROOT/.venv/bin/python}"
   [ -x "$PY" ] || PY=python3
-  "$PY" tests/test_cpu_kernel_cross.py "$CASES" || { echo "cross_test: writing cases FAILED"; exit 1; }
+  "$PY" tests/support/cross_cases.py "$CASES" || { echo "cross_test: writing cases FAILED"; exit 1; }
 fi
 
 if [[ " $TARGETS " == *" host "* ]]; then

@@ -1,5 +1,5 @@
-"""Shared pytest setup: the `slow` marker, tests/ on sys.path (for dense_reference), and the
-fixture that hands out the registered torch.ops.paged_attn ops."""
+"""Shared pytest setup: the `slow` marker, tests/ on sys.path (for the helpers of tests/support),
+the fixture that hands out the registered torch.ops.paged_attn ops and the fallback's chunkings."""
 
 import os
 import sys
@@ -57,3 +57,22 @@ def registered_ops():
 @pytest.fixture
 def paged_ops():
     return registered_ops()
+
+
+# The fallback's chunkings (paged_attention_ext/fallback.py CHUNK_BYTES, PASS_LOGIT_BYTES), for the
+# tests of the PyTorch implementation: (CHUNK_BYTES, PASS_LOGIT_BYTES) of one partition of one row
+# per sub-chunk and per pass; the same sub-chunks, all in one pass; everything in one sub-chunk
+# and one pass.
+CHUNKINGS = {"default": None, "tiny": (1, 1), "one_pass": (1, 1 << 40),
+             "one_chunk": (1 << 40, 1 << 40)}
+
+
+@pytest.fixture(params=list(CHUNKINGS), ids=list(CHUNKINGS))
+def chunking(request, monkeypatch):
+    from paged_attention_ext import fallback
+
+    if CHUNKINGS[request.param] is not None:
+        chunk_bytes, pass_logit_bytes = CHUNKINGS[request.param]
+        monkeypatch.setattr(fallback, "CHUNK_BYTES", chunk_bytes)
+        monkeypatch.setattr(fallback, "PASS_LOGIT_BYTES", pass_logit_bytes)
+    return request.param

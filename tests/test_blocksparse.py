@@ -13,8 +13,10 @@ import torch
 from paged_attention_ext import api, fallback, reference, vllm_compat
 from paged_attention_ext.tools import backends, conformance, testing
 from paged_attention_ext.validation import Blocksparse
-from test_fallback import chunking  # noqa: F401  (the fallback's chunkings, a fixture)
-from test_blocksparse_reference import CASES, _inputs, _mask, _poison_skipped
+from support.blocksparse import CASES
+from support.blocksparse import inputs as _inputs
+from support.blocksparse import mask as _mask
+from support.blocksparse import poison_skipped as _poison_skipped
 
 
 FALLBACK = backends.fallback_ops()  # the fallback's functions, called directly

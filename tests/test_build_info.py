@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-import fatbin
+from support import fatbin
 import paged_attention_ext as pa
 from paged_attention_ext import core, schemas
 from paged_attention_ext.tools import backends

@@ -21,10 +21,10 @@ import paged_attention_ext
 from paged_attention_ext import reference
 from paged_attention_ext.core import key_chunk_elements
 from paged_attention_ext.tools import backends, conformance, testing
-from test_blocksparse_reference import CASES as BLOCKSPARSE_CASES
-from test_blocksparse_reference import _inputs as blocksparse_inputs
-from test_blocksparse_reference import _mask as blocksparse_mask
-from test_blocksparse_reference import _poison_skipped as poison_skipped
+from support.blocksparse import CASES as BLOCKSPARSE_CASES
+from support.blocksparse import inputs as blocksparse_inputs
+from support.blocksparse import mask as blocksparse_mask
+from support.blocksparse import poison_skipped
 
 pytestmark = pytest.mark.skipif(not paged_attention_ext.extension_loaded(),
                                 reason=f"compiled extension: {paged_attention_ext.extension_status()}")

@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 
-import fatbin
+from support import fatbin
 from paged_attention_ext.tools import backends, cuda_arch
 from paged_attention_ext.tools.cuda_arch import (DEFAULT_ARCH_LIST, Target, match,
                                                  mismatch_message, parse_target, parse_targets,

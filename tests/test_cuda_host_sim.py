@@ -8,7 +8,7 @@ tests/cuda_sim/cuda_sim.h (every thread of a block a fiber, barriers and shuffle
 mma.sync computed from the PTX ISA's fragment layouts) and launches them as ops_cuda.cpp does:
 v2 (phase 1 over 512-token partitions, then the reduce kernel), v1 / decode in one pass, and the
 v1 / decode split of core/split_plan.h (sized for a 4-SM GPU so rows get split), for each kernel
-choice (baseline, pipelined, mma), on case files written by tests/test_cpu_kernel_cross.py's
+choice (baseline, pipelined, mma), on case files written by tests/support/cross_cases.py's
 writer (the oracle's expected output; shuffled block tables with garbage past each row, NaN in
 every cache slot no sequence uses, fp8 scales != 1, outputs and scratch pre-filled with NaN).
 
@@ -41,8 +41,8 @@ import tempfile
 import pytest
 import torch
 
-import host_cpp
-import test_cpu_kernel_cross as cross
+from support import host_cpp
+from support import cross_cases as cross
 from paged_attention_ext import reference
 from paged_attention_ext.core import key_chunk_elements
 from paged_attention_ext.tools import conformance, testing

@@ -10,7 +10,7 @@ import os
 import re
 import subprocess
 
-import host_cpp
+from support import host_cpp
 import pytest
 
 GENERATOR = os.path.join(host_cpp.ROOT, "csrc", "cuda", "generate_instantiations.py")

@@ -20,7 +20,7 @@ import math
 import pytest
 import torch
 
-import fatbin
+from support import fatbin
 import paged_attention_ext
 from conftest import registered_ops
 from paged_attention_ext import reference, schemas
@@ -31,10 +31,10 @@ from paged_attention_ext.tools.testing import (alloc_v1_outputs, alloc_v2_output
                                                call_v2, make_attention_inputs,
                                                with_strided_caches)
 from paged_attention_ext.validation import Blocksparse
-from test_blocksparse_reference import CASES as BLOCKSPARSE_CASES
-from test_blocksparse_reference import _inputs as blocksparse_inputs
-from test_blocksparse_reference import _mask as blocksparse_mask
-from test_blocksparse_reference import _poison_skipped as poison_skipped
+from support.blocksparse import CASES as BLOCKSPARSE_CASES
+from support.blocksparse import inputs as blocksparse_inputs
+from support.blocksparse import mask as blocksparse_mask
+from support.blocksparse import poison_skipped
 
 CUDA = torch.cuda.is_available()
 pytestmark = pytest.mark.cuda

@@ -15,10 +15,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dense_reference import dense_for_decode
+from support.dense_reference import dense_for_decode
 from paged_attention_ext import fallback, reference
 from paged_attention_ext.tools import backends, conformance, testing
-from test_fallback import chunking  # noqa: F401  (the fallback's chunkings, a fixture)
 
 # 1 token, partition edges 511/512/513, 1537 (4 partitions, 1 token in the last), empty, odd.
 SEQ_LENS = [1, 511, 512, 513, 1537, 0, 37]

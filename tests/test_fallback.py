@@ -39,28 +39,15 @@ CASES = [
     (torch.bfloat16, "fp8_e5m2", (12, 2, 64, 8), True),
 ]
 
-# (CHUNK_BYTES, PASS_LOGIT_BYTES): one partition of one row per sub-chunk and per pass; the
-# same sub-chunks, all in one pass; everything in one sub-chunk and one pass.
-# The fallback's functions called directly (not through torch.ops, where a compiled kernel would
+# The fallback's chunkings: the `chunking` fixture (conftest.py). The fallback's functions called directly (not through torch.ops, where a compiled kernel would
 # answer instead).
 FALLBACK = backends.fallback_ops()
 
-CHUNKINGS = {"default": None, "tiny": (1, 1), "one_pass": (1, 1 << 40),
-             "one_chunk": (1 << 40, 1 << 40)}
 
 
 def _case_id(case):
     dtype, kv, (h, kvh, d, bs), alibi = case
     return f"{str(dtype)[6:]}-{kv}-h{h}kv{kvh}d{d}bs{bs}" + ("-alibi" if alibi else "")
-
-
-@pytest.fixture(params=list(CHUNKINGS), ids=list(CHUNKINGS))
-def chunking(request, monkeypatch):
-    if CHUNKINGS[request.param] is not None:
-        chunk_bytes, pass_logit_bytes = CHUNKINGS[request.param]
-        monkeypatch.setattr(fallback, "CHUNK_BYTES", chunk_bytes)
-        monkeypatch.setattr(fallback, "PASS_LOGIT_BYTES", pass_logit_bytes)
-    return request.param
 
 
 def _inputs(case, seed, seq_lens=SEQ_LENS, **kw):

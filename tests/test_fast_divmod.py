@@ -11,7 +11,7 @@ neighbours, the top of the int32 range) and at random numerators.
 import subprocess
 import textwrap
 
-import host_cpp
+from support import host_cpp
 
 HOST_PROGRAM = textwrap.dedent(r"""
     #include <cstdint>

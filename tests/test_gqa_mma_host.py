@@ -25,7 +25,7 @@ max (bit for bit) and the sum; and every (head, dim) of the output is held by ex
 import subprocess
 import textwrap
 
-import host_cpp
+from support import host_cpp
 
 HOST_PROGRAM = textwrap.dedent(r"""
     #include <barrier>

@@ -17,7 +17,7 @@ The kernel's use of these offsets runs in tests/test_cuda_host_sim.py.
 import subprocess
 import textwrap
 
-import host_cpp
+from support import host_cpp
 
 HOST_PROGRAM = textwrap.dedent(r"""
     #include <cstdint>

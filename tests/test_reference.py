@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dense_reference import FP8_TABLES, dense_attention, dense_for
+from support.dense_reference import FP8_TABLES, dense_attention, dense_for
 from paged_attention_ext import reference
 from paged_attention_ext.core import key_chunk_elements
 from paged_attention_ext.tools import conformance, testing

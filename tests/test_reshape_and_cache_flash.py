@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dense_reference import FP8_TABLES
+from support.dense_reference import FP8_TABLES
 from paged_attention_ext import api, reference
 from paged_attention_ext.tools import backends, testing
 

@@ -16,7 +16,7 @@ import re
 import subprocess
 import textwrap
 
-import host_cpp
+from support import host_cpp
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -27,7 +27,7 @@ import os
 
 import pytest
 import torch
-from op_calls import OpCalls
+from support.op_calls import OpCalls
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 pytest.importorskip("gguf", reason="gguf is not installed (transformers' GGUF loader needs it)")

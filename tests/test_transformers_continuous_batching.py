@@ -18,7 +18,7 @@ import copy
 
 import pytest
 import torch
-from op_calls import OpCalls
+from support.op_calls import OpCalls
 
 transformers = pytest.importorskip(
     "transformers", reason="transformers is not installed (optional: pip install "

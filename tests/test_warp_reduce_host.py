@@ -12,7 +12,7 @@ statistics computed directly in double precision from the logits each lane summa
 import subprocess
 import textwrap
 
-import host_cpp
+from support import host_cpp
 
 HOST_PROGRAM = textwrap.dedent(r"""
     #include <barrier>

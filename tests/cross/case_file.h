@@ -1,4 +1,4 @@
-// case_file.h — reads the case files tests/test_cpu_kernel_cross.py writes (its docstring has
+// case_file.h — reads the case files tests/support/cross_cases.py writes (its docstring has
 // the layout) into PagedAttentionParams over host buffers: shared by the drivers that run our
 // kernels without torch (tests/cross/driver.cpp: the CPU variants; tests/cuda_sim/driver.cpp: the
 // CUDA kernels in the host simulation).
@@ -21,7 +21,7 @@ namespace case_file {
 
 using namespace paged_attn;
 
-// One case file (layout: tests/test_cpu_kernel_cross.py's docstring).
+// One case file (layout: tests/support/cross_cases.py's docstring).
 struct Case {
   std::string name;
   PagedAttentionParams p{};

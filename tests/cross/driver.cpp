@@ -1,5 +1,5 @@
 // driver.cpp — runs the framework-free CPU kernel variants (csrc/cpu) on case files written by
-// tests/test_cpu_kernel_cross.py, with no torch: it builds PagedAttentionParams / KernelInputs,
+// tests/support/cross_cases.py, with no torch: it builds PagedAttentionParams / KernelInputs,
 // the work items and the partition merge as the launcher does (csrc/cpu/paged_attention_cpu.cpp),
 // single-threaded. scripts/cross_test.sh builds it for the host and for aarch64 (qemu-aarch64).
 //
