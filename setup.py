@@ -16,7 +16,7 @@ Environment:
                            (paged_attention_ext/tools/openmp_flags.py; docs/BUILD.md, "OpenMP")
     DEBUG=1                -O0 -g;  MAX_JOBS  parallel compile jobs (ninja)
     PAGED_ATTN_SANITIZE=1  AddressSanitizer + UndefinedBehaviorSanitizer on the C++ code (CPU-only
-                           build in build/temp-sanitize; scripts/sanitize.sh runs the tests on it)
+                           build in build/temp-sanitize; scripts/ci/sanitize.sh runs the tests on it)
     PAGED_ATTN_PTXAS_VERBOSE=1   print nvcc's register / spill report per kernel
     PAGED_ATTN_CUDA_BASELINE=1   the baseline CUDA kernel for sm_80+ too (below sm_80 it is always
                                  built); PAGED_ATTN_CUDA_LINEINFO=1  -lineinfo (for profiling)

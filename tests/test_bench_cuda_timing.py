@@ -3,7 +3,7 @@ GPU: the host's part of a call must stay out of the time, a head start too short
 must be noticed and lengthened, and a call that waits for the GPU must be reported as holding
 host time. The simulation: one in-order stream; work enqueued at host time t starts at
 max(t, when the GPU is free); an event completes when the GPU reaches it. Runs on any machine
-(the real stream's spin and events only on a GPU: scripts/device_check.sh's bench step)."""
+(the real stream's spin and events only on a GPU: scripts/gpu/device_check.sh's bench step)."""
 
 import pytest
 

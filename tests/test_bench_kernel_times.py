@@ -1,7 +1,7 @@
 """`bench --kernel-times` (paged_attention_ext/tools/bench/kernel_times.py): kernel names
 shortened, a profile cut into calls at the flush's and spin's kernels, per-call sums, spans
 and per-kernel medians; the rows and tables that carry them. The profiler itself records CUDA
-kernels only on a GPU (scripts/device_check.sh's bench_kernels steps); here it is fed events."""
+kernels only on a GPU (scripts/gpu/device_check.sh's bench_kernels steps); here it is fed events."""
 
 import json
 

@@ -349,7 +349,7 @@ def test_fallback_v1_contender_matches_the_oracle(tmp_path):
 @pytest.mark.parametrize("script", ["bench_cpu.py", "bench_fallback.py"])
 def test_bench_scripts_load_the_harness(script):
     """The scripts are thin callers of tools/bench: their imports must follow it."""
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "scripts", script), "--help"],
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "bench", script), "--help"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "usage" in proc.stdout

@@ -1,7 +1,7 @@
 """The CPU kernel variants built WITHOUT torch (tests/cross/driver.cpp + csrc/cpu) on the hardware or
 emulator they target: the host build runs every x86 variant this CPU executes (avx512-bf16,
 avx512, avx2-fma, scalar), the aarch64 build runs neon and scalar under qemu-aarch64, built by GCC
-and by clang. scripts/cross_test.sh builds and runs the driver on the cases of
+and by clang. scripts/ci/cross_test.sh builds and runs the driver on the cases of
 tests/support/cross_cases.py (against the oracle); this file checks every variant passed all.
 """
 
@@ -19,7 +19,7 @@ from support.cross_cases import CASES, ROOT, write_cases
 pytestmark = pytest.mark.slow
 
 
-# ---- the tests: scripts/cross_test.sh builds the driver and runs it on the cases ----
+# ---- the tests: scripts/ci/cross_test.sh builds the driver and runs it on the cases ----
 
 LINE = re.compile(r"^(\S+): (?:(\d+) cases passed, (\d+) failed|skipped)", re.M)
 
@@ -32,9 +32,9 @@ def case_dir(tmp_path_factory):
 
 
 def run_cross(target, case_dir, build_dir):
-    """Runs scripts/cross_test.sh for one target; returns {variant: (passed, failed) or None}."""
+    """Runs scripts/ci/cross_test.sh for one target; returns {variant: (passed, failed) or None}."""
     env = dict(os.environ, PAGED_ATTN_CROSS_BUILD=str(build_dir), PAGED_ATTN_CROSS_INSTALL="0")
-    r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "cross_test.sh"), target, case_dir],
+    r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "ci", "cross_test.sh"), target, case_dir],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     print(r.stdout, r.stderr)  # shown by pytest on failure
     assert r.returncode == 0, f"cross_test.sh {target} failed (rc {r.returncode}):\n" \
@@ -65,7 +65,7 @@ def test_aarch64_variants_under_qemu(case_dir, tmp_path):
     missing = [t for t in ("aarch64-linux-gnu-g++", "qemu-aarch64") if shutil.which(t) is None]
     if missing:
         pytest.skip(f"{' and '.join(missing)} not installed (apt-get install g++-aarch64-linux-gnu "
-                    "qemu-user, or PAGED_ATTN_CROSS_INSTALL=1 bash scripts/cross_test.sh as root)")
+                    "qemu-user, or PAGED_ATTN_CROSS_INSTALL=1 bash scripts/ci/cross_test.sh as root)")
     assert_all_passed(run_cross("--arm", case_dir, tmp_path), ["neon", "scalar"])
 
 
@@ -73,7 +73,7 @@ def test_aarch64_variants_built_by_clang_under_qemu(case_dir, tmp_path):
     """The same, compiled by clang (Apple silicon's compiler family) instead of GCC."""
     import platform
     if platform.machine() in ("aarch64", "arm64"):
-        pytest.skip("host is aarch64: scripts/test_clang.sh builds with clang natively")
+        pytest.skip("host is aarch64: scripts/ci/test_clang.sh builds with clang natively")
     missing = [t for t in ("clang++", "aarch64-linux-gnu-g++", "qemu-aarch64")
                if shutil.which(t) is None]
     if missing:

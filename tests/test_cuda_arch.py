@@ -307,7 +307,7 @@ def test_info_command_names_the_devices_and_the_compiled_archs():
     assert (", ".join(det.cuda_archs) if det.cuda_archs else "none: ") in proc.stdout
 
 
-# ---- on a GPU (scripts/device_check.sh): the check itself, whichever way it goes there ----
+# ---- on a GPU (scripts/gpu/device_check.sh): the check itself, whichever way it goes there ----
 
 @pytest.mark.cuda
 def test_first_call_on_each_gpu_runs_or_refuses_before_any_launch():

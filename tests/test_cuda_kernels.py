@@ -81,7 +81,7 @@ def kernel_ops(request, ops):
     if (name == "baseline" and torch.cuda.get_device_capability() >= (8, 0)
             and paged_attention_ext.build_info()["cuda_baseline_kernel"] != "every arch"):
         pytest.skip("this build has no baseline kernel for sm_80+ (built without "
-                    "PAGED_ATTN_CUDA_BASELINE=1, as CI and scripts/device_check.sh build it)")
+                    "PAGED_ATTN_CUDA_BASELINE=1, as CI and scripts/gpu/device_check.sh build it)")
     with _kernel_setting(name):
         before = testing.cuda_attention_launches()
         yield ops

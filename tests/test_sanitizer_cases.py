@@ -1,4 +1,4 @@
-"""The compute-sanitizer step of scripts/device_check.sh and its program,
+"""The compute-sanitizer step of scripts/gpu/device_check.sh and its program,
 paged_attention_ext/tools/sanitizer_cases.py, checked where no GPU is needed: the program's
 command line (--help, --list, --quick, --cases, --kernels), its clear exit without CUDA, its
 cases as inputs (every one runs, and passes, on the CPU, and a wrong op fails it),
@@ -22,7 +22,7 @@ import torch
 from paged_attention_ext.tools import backends, sanitizer_cases, testing
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(REPO, "scripts", "device_check.sh")
+SCRIPT = os.path.join(REPO, "scripts", "gpu", "device_check.sh")
 MODULE = "paged_attention_ext.tools.sanitizer_cases"
 
 
@@ -100,7 +100,7 @@ def test_launch_counter_check_names_the_kernel_that_ran():
 def test_without_cuda_exits_with_a_clear_message():
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present: the program runs its cases here instead "
-                    "(scripts/device_check.sh runs it)")
+                    "(scripts/gpu/device_check.sh runs it)")
     proc = _program()
     assert proc.returncode == 2
     # the last line: import warnings (a _C built without OpenMP) may come before it
@@ -184,7 +184,7 @@ def test_cases_cover_the_kernel_paths():
     assert {c.layout is None for c in writes} == {True, False}  # both cache writes
 
 
-# ---- scripts/device_check.sh ----
+# ---- scripts/gpu/device_check.sh ----
 
 def test_device_check_parses():
     proc = subprocess.run(["bash", "-n", SCRIPT], capture_output=True, text=True)
@@ -395,16 +395,16 @@ def test_device_check_takes_a_carried_setuptools_wheel(tmp_path):
 
 def _checkout_with_prebuilt(tmp_path, torch_version="9.0", arch="9.0"):
     """A throwaway git checkout holding device_check.sh, a committed csrc/ and a prebuilt folder
-    (scripts/prebuild_cuda.sh's form) whose stamp names that csrc/ tree: (script, prebuilt dir).
+    (scripts/gpu/prebuild_cuda.sh's form) whose stamp names that csrc/ tree: (script, prebuilt dir).
     The stand-in python answers 9.0 to every -c: the torch version the check compares with."""
     import gzip
     import shutil
 
     repo = tmp_path / "checkout"
-    (repo / "scripts").mkdir(parents=True)
+    (repo / "scripts" / "gpu").mkdir(parents=True)
     (repo / "csrc").mkdir()
     (repo / "paged_attention_ext").mkdir()
-    shutil.copy(SCRIPT, repo / "scripts" / "device_check.sh")
+    shutil.copy(SCRIPT, repo / "scripts" / "gpu" / "device_check.sh")
     (repo / "csrc" / "kernel.cu").write_text("// the kernels\n")
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "checkout"]):
@@ -416,7 +416,7 @@ def _checkout_with_prebuilt(tmp_path, torch_version="9.0", arch="9.0"):
     with gzip.open(prebuilt / "_C.abi3.so.gz", "wb") as f:
         f.write(b"stand-in extension")
     (prebuilt / "stamp").write_text(f"csrc_tree {tree}\ntorch {torch_version}\narch {arch}\n")
-    return repo, str(repo / "scripts" / "device_check.sh"), prebuilt
+    return repo, str(repo / "scripts" / "gpu" / "device_check.sh"), prebuilt
 
 
 def test_device_check_unpacks_a_prebuilt_extension_that_fits(tmp_path):

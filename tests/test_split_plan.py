@@ -211,6 +211,6 @@ def test_bench_presets_under_the_split_sweep(plan):
     got = {v: {n: plans[i * len(names) + j][:2] for j, n in enumerate(names)}
            for i, v in enumerate(SWEEP_PLANS)}
     assert got == SWEEP_PLANS, got
-    sweep = re.search(r"SPLIT_SWEEP=\(([^)]*)\)", open(os.path.join(ROOT, "scripts",
+    sweep = re.search(r"SPLIT_SWEEP=\(([^)]*)\)", open(os.path.join(ROOT, "scripts", "gpu",
                                                                     "device_check.sh")).read())
     assert sweep and sweep.group(1).split() == list(SWEEP_PLANS), "device_check.sh's sweep"

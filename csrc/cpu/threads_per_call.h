@@ -8,7 +8,7 @@
 //          scheduler decision, 10-50 us on an idle core and a time slice on a busy one, so a
 //          second thread only paid from 4-8 MiB.
 // PAGED_ATTN_CPU_KV_BYTES_PER_THREAD=<bytes> sets the minimum instead (read on every call).
-// docs/CPU_KERNEL.md, "Threads per call", has the measurements; scripts/bench_threads.py repeats
+// docs/CPU_KERNEL.md, "Threads per call", has the measurements; scripts/bench/bench_threads.py repeats
 // them on any machine.
 #pragma once
 

@@ -14,7 +14,7 @@
 // Per arch: attention_kernels_per_dims(dtype) per (pair, distinct kDimsPerLane) (baseline,
 // pipelined, tensor-core) + one reduce kernel per query dtype + two reshape_and_cache kernels per
 // query dtype
-// (build/cuda_resource_report.txt lists them; scripts/cuda_resource_report.sh checks the count
+// (build/cuda_resource_report.txt lists them; scripts/ci/cuda_resource_report.sh checks the count
 // against these lists).
 #pragma once
 

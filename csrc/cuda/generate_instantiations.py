@@ -6,7 +6,7 @@ the same time:
     group's kernels (AttentionDims, attention_dims.cuh);
   - attention_<dtype>_<cache>.cu, one per pair: its launchers (attention_launch.cuh), which
     call the groups; the first pair of each query dtype also holds that dtype's v2 reduce.
-setup.py, CMakeLists.txt and scripts/cuda_resource_report.sh call it; the files live in the
+setup.py, CMakeLists.txt and scripts/ci/cuda_resource_report.sh call it; the files live in the
 build tree, never in git.
 
     python csrc/cuda/generate_instantiations.py OUT_DIR    # prints the paths of the files

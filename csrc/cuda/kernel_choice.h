@@ -43,7 +43,7 @@ std::string attention_kernel_setting();
 // kSplitBlocksPerSm and kMinPartitionTiles; "off": never split (one pass per row); "B" or "B:T":
 // aim at B blocks per SM (1..kMaxSplitBlocksPerSm), partitions of at least T tiles
 // (1..kMaxSplitMinTiles; default kMinPartitionTiles). A knob for measuring the split on a GPU
-// (scripts/device_check.sh's split sweep); the results are the same whatever it is. Anything
+// (scripts/gpu/device_check.sh's split sweep); the results are the same whatever it is. Anything
 // else: returns the default and sets *error (the caller raises it).
 constexpr int kMaxSplitBlocksPerSm = 256;
 constexpr int kMaxSplitMinTiles = 64;

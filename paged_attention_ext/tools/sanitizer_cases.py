@@ -1,5 +1,5 @@
 """Every CUDA kernel path once, on small inputs, each result checked against the oracle: the
-program scripts/device_check.sh runs under compute-sanitizer (memcheck, racecheck, synccheck).
+program scripts/gpu/device_check.sh runs under compute-sanitizer (memcheck, racecheck, synccheck).
 
     python -m paged_attention_ext.tools.sanitizer_cases [--kernels K,...] [--quick]
                                                         [--cases NAME,...] [--list]

@@ -1,7 +1,7 @@
 // driver.cpp — runs the framework-free CPU kernel variants (csrc/cpu) on case files written by
 // tests/support/cross_cases.py, with no torch: it builds PagedAttentionParams / KernelInputs,
 // the work items and the partition merge as the launcher does (csrc/cpu/paged_attention_cpu.cpp),
-// single-threaded. scripts/cross_test.sh builds it for the host and for aarch64 (qemu-aarch64).
+// single-threaded. scripts/ci/cross_test.sh builds it for the host and for aarch64 (qemu-aarch64).
 //
 // Usage: driver CASE_DIR [VARIANT...]      (no VARIANT: every variant of this build)
 // Prints "<variant>: N cases passed, M failed" per variant (or "skipped" when cpu_supports() is

@@ -1,5 +1,5 @@
 """The case files the torch-free drivers read: tests/cross/driver.cpp (the CPU kernel variants,
-scripts/cross_test.sh, tests/test_cpu_kernel_cross.py) and the CUDA host simulation
+scripts/ci/cross_test.sh, tests/test_cpu_kernel_cross.py) and the CUDA host simulation
 (tests/test_cuda_host_sim.py).
 
 Cases come from paged_attention_ext.tools.testing (shuffled block tables with garbage past each row,

@@ -2,7 +2,7 @@
 attention runs in torch.ops.paged_attn, next to transformers' own generate() on the same weights,
 prompts and machine, in the same run. Prints new tokens per second for both.
 
-    .venv/bin/python scripts/example_transformers_decode.py [--dtype bf16] [--batch 8] ...
+    .venv/bin/python scripts/examples/example_transformers_decode.py [--dtype bf16] [--batch 8] ...
 
 Nothing is downloaded: the model is built from a config with random weights (seeded).
 transformers' generate() decodes the same prompts as one left-padded batch (its usual batched

@@ -1,10 +1,10 @@
 """Focused benchmark of the CPU kernel (torch.ops.paged_attn.v1/v2/decode) against gather+SDPA
 and the oracle.
 
-    OMP_WAIT_POLICY=PASSIVE .venv/bin/python scripts/bench_cpu.py [--shapes llama4k,...] [--reps N]
-    .venv/bin/python scripts/bench_cpu.py --variants avx2-fma,avx512,avx512-bf16
-    .venv/bin/python scripts/bench_cpu.py --variants avx512-bf16 --layouts vllm,nhd,hnd
-    OMP_WAIT_POLICY=PASSIVE .venv/bin/python scripts/bench_cpu.py --cold-layouts vllm,nhd,hnd
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python scripts/bench/bench_cpu.py [--shapes llama4k,...] [--reps N]
+    .venv/bin/python scripts/bench/bench_cpu.py --variants avx2-fma,avx512,avx512-bf16
+    .venv/bin/python scripts/bench/bench_cpu.py --variants avx512-bf16 --layouts vllm,nhd,hnd
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python scripts/bench/bench_cpu.py --cold-layouts vllm,nhd,hnd
 
 The data, the calls and the timing are the package's benchmark harness
 (paged_attention_ext/tools/bench: make_workload, CONTENDERS, time_call, measure_bandwidth); this
@@ -38,7 +38,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (docs/
 
 import torch  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from paged_attention_ext.tools.bench.bandwidth import measure_bandwidth  # noqa: E402
 from paged_attention_ext.tools.bench.contenders import CONTENDERS  # noqa: E402
 from paged_attention_ext.tools.bench.presets import Shape  # noqa: E402

@@ -8,8 +8,8 @@ reports the median time of its timed calls after a warm-up and the peak resident
 what it held before the first call. Contenders are interleaved in rounds; the machine is shared,
 so read the RATIOS (computed per round, median over rounds).
 
-  .venv/bin/python scripts/bench_fallback.py                 # all shapes, 2 rounds
-  .venv/bin/python scripts/bench_fallback.py --shapes llama-fp32 --rounds 3
+  .venv/bin/python scripts/bench/bench_fallback.py                 # all shapes, 2 rounds
+  .venv/bin/python scripts/bench/bench_fallback.py --shapes llama-fp32 --rounds 3
 """
 
 import os
@@ -24,7 +24,7 @@ import sys  # noqa: E402
 
 import torch  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 from paged_attention_ext.tools.bench.contenders import CONTENDERS as HARNESS  # noqa: E402
 from paged_attention_ext.tools.bench.memory import peak_extra_bytes  # noqa: E402

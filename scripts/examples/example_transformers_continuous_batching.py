@@ -3,7 +3,7 @@ call with transformers' sdpa, on a small random Llama model: same prompts, same 
 whether the greedy tokens agree, how many decode calls reached torch.ops.paged_attn.decode, and
 new tokens per second for both.
 
-    .venv/bin/python scripts/example_transformers_continuous_batching.py [--dtype bf16] ...
+    .venv/bin/python scripts/examples/example_transformers_continuous_batching.py [--dtype bf16] ...
 
 The user code is the two lines marked below; nothing is downloaded (random weights, seeded).
 Times include prefill; each side runs once untimed first, then --repeats times, alternating, and

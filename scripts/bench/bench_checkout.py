@@ -3,7 +3,7 @@ read from DRAM: a cache-sized buffer is read before every timed call, as in a re
 For A/B comparisons of two builds of the CPU kernel: run it alternately on both checkouts, in
 separate processes, on a quiet machine, and compare within a round.
 
-    OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python scripts/bench_checkout.py /path/to/checkout \
+    OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python scripts/bench/bench_checkout.py /path/to/checkout \
         --dtype float32 --ctx 4096
 
 A warm loop (the same call repeated, K / V in cache) hides regressions in how the kernel streams

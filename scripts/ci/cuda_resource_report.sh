@@ -2,7 +2,7 @@
 # cuda_resource_report.sh — compile every CUDA kernel file with `-Xptxas=-v` and write the
 # per-kernel resource report (registers, stack, spills, shared memory) for each arch.
 #
-# Usage: scripts/cuda_resource_report.sh [output file]   (default build/cuda_resource_report.txt;
+# Usage: scripts/ci/cuda_resource_report.sh [output file]   (default build/cuda_resource_report.txt;
 #        CI writes it from its CUDA build, scripts/ci/cuda_build.sh)
 # Env:   TORCH_CUDA_ARCH_LIST (default: the build's default list, DEFAULT_ARCH_LIST in
 #        paged_attention_ext/tools/cuda_arch.py), NVCC (default nvcc on PATH or /usr/local/bin),
@@ -17,7 +17,7 @@
 # kernel's ptxas lines cannot be parsed, or when an arch's kernel count differs from the count the
 # instantiation lists give (below: "expected kernels").
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT="${1:-$ROOT/build/cuda_resource_report.txt}"
 NVCC="${NVCC:-$(command -v nvcc || echo /usr/local/bin/nvcc)}"
 DEFAULT_ARCHS="$(sed -n 's/^DEFAULT_ARCH_LIST = "\(.*\)"$/\1/p' "$ROOT/paged_attention_ext/tools/cuda_arch.py")"
@@ -190,7 +190,7 @@ if sys.argv[6]:  # the archs asked for (direct compile); a build log names its o
 wrong_count = [a for a in archs if per_arch[a] != expected]
 version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
 with open(out, "w") as f:
-    f.write("# CUDA kernel resource report (ptxas -v), written by scripts/cuda_resource_report.sh\n")
+    f.write("# CUDA kernel resource report (ptxas -v), written by scripts/ci/cuda_resource_report.sh\n")
     f.write(f"# nvcc: {version}\n")
     f.write(f"# source: {'build log ' + os.path.basename(source) if source else 'direct nvcc -O3 per .cu file'}\n")
     f.write(f"# kernels: {len(rows)} ({', '.join(f'{a}: {per_arch[a]}' for a in archs)}; "

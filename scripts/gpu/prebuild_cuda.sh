@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # prebuild_cuda.sh — build the extension for one GPU arch on a machine without that GPU, so that
-# scripts/device_check.sh on a lent GPU machine can skip its build step (100-140 s of its device
+# scripts/gpu/device_check.sh on a lent GPU machine can skip its build step (100-140 s of its device
 # time on an H200 with 16 jobs; 8-15 minutes here with 2).
 #
-# Usage: PYTHON=<python with the GPU machine's CUDA torch> bash scripts/prebuild_cuda.sh [out dir]
+# Usage: PYTHON=<python with the GPU machine's CUDA torch> bash scripts/gpu/prebuild_cuda.sh [out dir]
 #        (default out dir: prebuilt/, ignored by git; carry it to the GPU machine)
 # Env:   ARCH      TORCH_CUDA_ARCH_LIST of the GPU (default 9.0, the H200)
 #        MAX_JOBS  parallel compile jobs (default: the cores here)
@@ -12,7 +12,7 @@
 #   csrc_tree <git tree id of HEAD's csrc/>    torch <torch.__version__ of PYTHON>    arch <ARCH>
 # device_check.sh (PREBUILT=<out>) unpacks it only when all three match the machine it runs on.
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT_DIR="${1:-$ROOT/prebuilt}"
 PY="${PYTHON:-python3}"
 ARCH="${ARCH:-9.0}"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # device_check.sh — build and check the CUDA kernels on a machine with an NVIDIA GPU.
 #
-# Usage: scripts/device_check.sh [output dir]     (default: $OUT if set, else ./device-out)
+# Usage: scripts/gpu/device_check.sh [output dir]     (default: $OUT if set, else ./device-out)
 # Env:   PYTHON  a python with a CUDA torch (default: the repo's .venv if present, else python3)
 #        The build needs setuptools >= 77 (pyproject.toml's SPDX license). On an offline machine
 #        whose python has an older one, put a setuptools wheel in <repo>/.whl/ (e.g.
@@ -9,7 +9,7 @@
 #        is installed into a temporary folder on PYTHONPATH for this check; without one the
 #        check stops before building, saying so. WHEELS  that folder (default <repo>/.whl)
 #        CHECK_BUDGET  seconds for the whole check (default 450)
-#        PREBUILT      a folder written by scripts/prebuild_cuda.sh (the extension built
+#        PREBUILT      a folder written by scripts/gpu/prebuild_cuda.sh (the extension built
 #                      elsewhere for this GPU's arch): the build step unpacks it instead of
 #                      building (row "unpack_prebuilt") when its stamp matches this checkout's
 #                      committed csrc/ (clean), the python's torch and the GPU's arch; else it
@@ -69,7 +69,7 @@
 # No network is needed. Exit status: 0 when every step passed, else the number of failed steps
 # (3 when there is no GPU).
 set -uo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT_DIR="${1:-${OUT:-$ROOT/device-out}}"
 mkdir -p "$OUT_DIR"
 OUT_DIR="$(cd "$OUT_DIR" && pwd)"
@@ -200,11 +200,11 @@ echo "| gpu | ok: $(head -n 1 "$OUT_DIR/gpu.log" | cut -c1-60), sm_${ARCH/./} | 
 
 # ---- 2. build for this GPU ----
 # The baseline kernel (the reference the bench compares with) and -lineinfo (the profile's source
-# counters) are built here, as scripts/prebuild_cuda.sh builds them.
+# counters) are built here, as scripts/gpu/prebuild_cuda.sh builds them.
 export MAX_JOBS=16 TORCH_CUDA_ARCH_LIST="$ARCH" PAGED_ATTN_BUILD_CUDA=1 PAGED_ATTN_PTXAS_VERBOSE=1 \
   PAGED_ATTN_CUDA_BASELINE=1 PAGED_ATTN_CUDA_LINEINFO=1
 if [[ -z "${CUDA_HOME:-}" && -d /usr/local/cuda ]]; then export CUDA_HOME=/usr/local/cuda; fi
-# prebuilt_mismatch DIR: nothing when DIR (scripts/prebuild_cuda.sh's output) fits this machine:
+# prebuilt_mismatch DIR: nothing when DIR (scripts/gpu/prebuild_cuda.sh's output) fits this machine:
 # its stamp names this checkout's committed csrc/ tree (and csrc/ is clean), the python's torch
 # and the GPU's arch; else the reason it does not.
 prebuilt_mismatch() {

@@ -1,7 +1,7 @@
 """How many threads should one CPU attention call wake? Times calls of every size on one thread
 and on all of torch's threads, as a decode step makes them, under each OpenMP idle-thread policy.
 
-    .venv/bin/python scripts/bench_threads.py [--ctx 16,64,256,1024,4096] [--batch 1] [--rounds 15]
+    .venv/bin/python scripts/bench/bench_threads.py [--ctx 16,64,256,1024,4096] [--batch 1] [--rounds 15]
         [--policies default,passive]
 
 The CPU kernel wakes one thread per min_kv_bytes_per_thread of K / V (csrc/cpu/threads_per_call.h:
@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # this checkout
 
 POLICY_ENV = {"default": None, "passive": "PASSIVE", "active": "ACTIVE"}
 FORCE = "PAGED_ATTN_CPU_KV_BYTES_PER_THREAD"

@@ -5,7 +5,7 @@
 # under qemu-aarch64: neon and scalar), and runs each on a folder of cases written by
 # tests/support/cross_cases.py (tests/test_cpu_kernel_cross.py runs this script from pytest).
 #
-# Usage: bash scripts/cross_test.sh [--host | --arm | --arm-clang] [CASE_DIR]
+# Usage: bash scripts/ci/cross_test.sh [--host | --arm | --arm-clang] [CASE_DIR]
 #   CASE_DIR  cases to run; default: written to $BUILD/cases first (needs torch + the package)
 #   --host / --arm   only that build (default: both)
 #   --arm-clang      only the aarch64 build by clang++ --target=aarch64-linux-gnu (the compiler
@@ -16,7 +16,7 @@
 # Exit: 0 every build ran and passed; 1 a build or a case failed; 3 an aarch64 run could not
 #       happen (missing tools; said plainly below) though the rest passed.
 set -uo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 BUILD="${PAGED_ATTN_CROSS_BUILD:-$ROOT/build/cross}"
 SOURCES="csrc/cpu/isa_avx512.cpp csrc/cpu/isa_avx2.cpp csrc/cpu/isa_neon.cpp csrc/cpu/isa_scalar.cpp

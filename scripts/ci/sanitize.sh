@@ -3,7 +3,7 @@
 # folder: the normal build is untouched) and run the CPU-kernel tests on it. Any finding aborts
 # the run with a report and a non-zero exit. Extra arguments go to pytest.
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 PY="$(bash "$ROOT/scripts/setup_env.sh" | tail -n 1)"
 cd "$ROOT"
 STAGE="$ROOT/build/sanitize-pkg"   # a copy of the package with the instrumented _C

@@ -10,7 +10,7 @@
 #      PAGED_ATTN_CLANG_INSTALL=1  as root: apt-get install clang if clang++ is missing
 # Exit: 0 built and passed; 1 a build, check or test failed; 3 no clang++ (said plainly).
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
 COPY="$ROOT/build/clang"
 

@@ -5,7 +5,7 @@ The instruction counts per tile in docs/CUDA.md ("The pipelined kernel", "The te
 come from this script. Two steps:
 
 1. Compile one instantiation of the pipelined kernel and list its basic blocks:
-     python scripts/sass_tile_count.py --kernel "__nv_bfloat16, CacheKind::kAuto, 4, 4, 32, 4, true" \
+     python scripts/gpu/sass_tile_count.py --kernel "__nv_bfloat16, CacheKind::kAuto, 4, 4, 32, 4, true" \
          --arch sm_90 --save /tmp/k.sass --blocks
    (--kernel: the template arguments of paged_attention_pipelined_kernel; the script writes a .cu
    that includes csrc/cuda/attention_kernel_pipelined.cuh and instantiates it, compiles it with
@@ -20,41 +20,41 @@ come from this script. Two steps:
    move with any change to the kernel; listings saved with --save from --kernel
    "__nv_bfloat16, CacheKind::<cache>, 4, <heads>, 32, 4, <mma>"):
      # kAuto, 4 heads, true
-     python scripts/sass_tile_count.py --sass bf16_mma4.sass \
+     python scripts/gpu/sass_tile_count.py --sass bf16_mma4.sass \
          --part loop=6000-6030 --part copies=6040-7e50 --skip 62f0-6b10 --skip 70a0-7970 \
          --part qk=7e60-8230 --part softmax=8240-8a50 --part pv=8a60-8d40 --part loop=8d50-8da0
      # kAuto, 8 heads, true (the same tile at other addresses; its copies take 3 fewer)
-     python scripts/sass_tile_count.py --sass bf16_mma8.sass \
+     python scripts/gpu/sass_tile_count.py --sass bf16_mma8.sass \
          --part loop=5f90-5fc0 --part copies=5fd0-7db0 --skip 6280-6a90 --skip 6ff0-78d0 \
          --part qk=7dc0-8190 --part softmax=81a0-89b0 --part pv=89c0-8ca0 --part loop=8cb0-8d00
      # kFp8E4M3, 4 heads, true
-     python scripts/sass_tile_count.py --sass fp8_mma4.sass \
+     python scripts/gpu/sass_tile_count.py --sass fp8_mma4.sass \
          --part loop=80e0-8110 --part copies=8120-a410 --skip 8480-8d10 --skip 9ae0-a3b0 \
          --part qk=a420-ad80 --part qk=af40-b6e0 --part softmax=ad90-af30 \
          --part softmax=b6f0-be70 --part pv=be80-cb20 --part loop=f4a0-f4f0
      # kAuto, 4 heads, false
-     python scripts/sass_tile_count.py --sass bf16_cc4.sass \
+     python scripts/gpu/sass_tile_count.py --sass bf16_cc4.sass \
          --part loop=5440-5470 --part copies=5480-7160 --skip 5740-5f30 --skip 68b0-7100 \
          --part qk=7170-7320 --part qk=7660-7670 --part qkloop=7680-7ce0 --times qkloop=2 \
          --part qk=7cf0-7cf0 --part softmax=7d00-88e0 --part pv=88f0-8d90 --part pv=9170-9a10 \
          --part loop=9a20-9ac0
      # kAuto, 8 heads, false
-     python scripts/sass_tile_count.py --sass bf16_cc8.sass \
+     python scripts/gpu/sass_tile_count.py --sass bf16_cc8.sass \
          --part loop=5630-5660 --part copies=5670-76d0 --skip 5960-6170 --skip 6d70-7660 \
          --part qk=76e0-79d0 --part qk=7fd0-7fe0 --part qkloop=7ff0-8b50 --times qkloop=2 \
          --part qk=8b60-8b60 --part softmax=8b70-a290 --part pv=a2a0-a7c0 --part pv=abd0-bd00 \
          --part loop=bd10-bdf0
      # kFp8E4M3, 4 heads, false
-     python scripts/sass_tile_count.py --sass fp8_cc4.sass \
+     python scripts/gpu/sass_tile_count.py --sass fp8_cc4.sass \
          --part loop=5310-5340 --part copies=5350-70e0 --skip 55f0-5e50 --skip 67f0-7050 \
          --part qk=70f0-7340 --part qk=7a80-7a90 --part qkloop=7aa0-8880 --times qkloop=2 \
          --part qk=8890-8890 --part softmax=88a0-9560 --part pv=9570-95e0 \
          --part pvloop=95f0-9c40 --part pvloop=a1d0-aac0 --times pvloop=2 --part pv=aad0-aad0 \
          --part loop=aae0-ab80
      # the copies of a token-major cache on tensor cores (bf16, then fp8)
-     python scripts/sass_tile_count.py --sass bf16_mma4.sass \
+     python scripts/gpu/sass_tile_count.py --sass bf16_mma4.sass \
          --part copies=6040-7e50 --skip 62f0-6b10 --skip 70b0-76e0 --skip 7980-7df0
-     python scripts/sass_tile_count.py --sass fp8_mma4.sass \
+     python scripts/gpu/sass_tile_count.py --sass fp8_mma4.sass \
          --part copies=8120-a410 --skip 8480-8d10 --skip 9490-9ad0 --skip 9b00-a150
    Skipped: the blocksparse mask (its test counts), the element-by-element and the token-major V
    copies (and the second branch of the V-form test, which the vLLM copy's path jumps over),
@@ -83,7 +83,7 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LINE = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;\s*/\*")
 BRANCH_TARGET = re.compile(r"(0x[0-9a-f]+)\s*$")
 KERNEL_TU = """#include "cuda/attention_kernel_pipelined.cuh"

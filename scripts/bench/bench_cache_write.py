@@ -2,7 +2,7 @@
 compiled kernel against the PyTorch fallback, and torch's own index_copy_ into an NHD cache as
 the yardstick for a plain scattered copy.
 
-    .venv/bin/python scripts/bench_cache_write.py [--reps 9]
+    .venv/bin/python scripts/bench/bench_cache_write.py [--reps 9]
 
 Per case (tokens x KV heads x head size, dtype, kv_cache_dtype, slots random in the pool or
 consecutive as in a prefill): median ms over --reps calls after one warm-up, same tensors for
@@ -17,7 +17,7 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # this checkout
 import paged_attention_ext  # noqa: E402  (registers torch.ops.paged_attn)
 from paged_attention_ext import fallback  # noqa: E402
 
