@@ -49,8 +49,11 @@ from paged_attention_ext.tools import conformance, testing
 from paged_attention_ext.validation import Blocksparse, parse_kv_cache_dtype
 
 # Builds of the simulation driver (plain and under ThreadSanitizer): minutes of compiling, so not
-# in the default test command (`bash scripts/test.sh --all` and CI run them).
-pytestmark = pytest.mark.slow
+# in the default test command (`bash scripts/test.sh --all` and CI run them). Under pytest-xdist
+# (scripts/test.sh: --dist loadgroup) the plain driver's tests run on one worker and the race
+# check's on another, each building its driver once.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cuda_sim")]
+RACE_GROUP = pytest.mark.xdist_group("cuda_sim_race")
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 # test_cpu_kernel_cross.CASES' form; head sizes 64-128 (the driver's compiled shapes), every GQA
@@ -307,6 +310,7 @@ def race_selftest(tmp_path_factory):
     return run
 
 
+@RACE_GROUP
 @pytest.mark.parametrize("what", ["race", "shuffle", "cross_warp"])
 def test_the_race_model_reports_accesses_no_barrier_orders(race_selftest, what):
     """A read of another thread's shared-memory write with no barrier between (race), with only
@@ -319,6 +323,7 @@ def test_the_race_model_reports_accesses_no_barrier_orders(race_selftest, what):
     assert "neighbour_read" in ran.stderr and "::smem" in ran.stderr, ran.stderr  # the array
 
 
+@RACE_GROUP
 @pytest.mark.parametrize("what", ["barrier", "warp_fence", "async", "smem_fresh"])
 def test_the_race_model_accepts_what_barriers_order(race_selftest, what):
     """The same reads after __syncthreads, within a warp after __syncwarp, a cp.async read
@@ -329,6 +334,7 @@ def test_the_race_model_accepts_what_barriers_order(race_selftest, what):
                                   "smem_fresh: block 1 read NaN"), ran.stdout
 
 
+@RACE_GROUP
 @pytest.mark.parametrize("what, barrier", [("barrier", "syncthreads"), ("warp_fence", "syncwarp")])
 def test_an_unordered_barrier_is_a_reported_race(race_selftest, what, barrier):
     """CUDA_SIM_UNORDERED=<barrier> (the kernels' check below): the barrier still parks the
@@ -347,6 +353,7 @@ def race_driver(tmp_path_factory):
     return _race_checked_build(tmp_path_factory.mktemp("cuda_sim_race_build"), "driver")
 
 
+@RACE_GROUP
 def test_no_data_race_in_any_kernel(race_driver, tmp_path):
     """Every kernel choice and mode on RACE_CASES with the simulation built with ThreadSanitizer:
     no two threads of a block touch the same byte (one of them writing) without a __syncthreads
@@ -355,6 +362,7 @@ def test_no_data_race_in_any_kernel(race_driver, tmp_path):
     _assert_all_passed(_run_driver(race_driver, tmp_path, RACE_CASES, env=TSAN_ENV), RACE_CASES)
 
 
+@RACE_GROUP
 @pytest.mark.slow
 def test_no_data_race_in_any_kernel_on_the_other_cases(race_driver, tmp_path):
     others = [c for c in CASES if c not in RACE_CASES]
@@ -367,6 +375,7 @@ KERNEL_SOURCE = {"baseline": "csrc/cuda/attention_kernel.cuh",
                  "mma": "csrc/cuda/attention_kernel_pipelined.cuh"}
 
 
+@RACE_GROUP
 @pytest.mark.slow
 @pytest.mark.parametrize("barrier", ["syncwarp", "syncthreads"])
 def test_a_barrier_that_orders_nothing_is_reported(race_driver, tmp_path, barrier):
@@ -401,6 +410,7 @@ ALL_SHAPE_CASES = [
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("cuda_sim_all_shapes")  # a driver build of its own
 def test_every_compiled_shape_matches_the_oracle_in_simulation(tmp_path):
     _assert_all_passed(_simulate(tmp_path, ALL_SHAPE_CASES, all_shapes=True), ALL_SHAPE_CASES)
 
