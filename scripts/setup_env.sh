@@ -37,7 +37,11 @@ else
 fi
 log "python: $PY"
 
-pip_install() { "$PY" -m pip install -q --disable-pip-version-check "$@" >&2; }
+# (pip's notes about index folders this machine's pip configuration names but lacks are dropped.)
+pip_install() {
+  "$PY" -m pip install -q --disable-pip-version-check "$@" 2>&1 \
+    | { grep -v "^WARNING: Location '.*' is ignored" || true; } >&2
+}
 
 # CUDA kernels: asked for, or a GPU visible to build for; otherwise a CPU-only build.
 GPU_ARCHS="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | sort -u | tr '\n' ' ' || true)"
