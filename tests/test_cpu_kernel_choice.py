@@ -109,7 +109,7 @@ def test_torch_cpu_capability_caps_the_choice():
 
 def test_cpu_prefetches_go_through_the_volatile_helpers():
     """GCC takes __builtin_prefetch for free of side effects and dropped every call of a helper
-    that only prefetched (docs/PERFORMANCE.md, "Regression"): the CPU code prefetches only
+    that only prefetched (docs/PERFORMANCE.md, "Regression checks"): the CPU code prefetches only
     through kernel_common.h's prefetch_l1 / prefetch_l2 (volatile asm on x86 and aarch64)."""
     cpu = pathlib.Path(__file__).resolve().parents[1] / "csrc" / "cpu"
     call = re.compile(r"(?:__builtin_prefetch|_mm_prefetch)\s*\(")

@@ -6,8 +6,8 @@ host for every instantiation the build compiles (element sizes 4 / 2 / 1, head-s
   every 16-byte unit whole, and unit u of 8 consecutive dims lands in 8 different 16-byte bank
   groups (the lane-per-dim reads and the ldmatrix rows are conflict-free);
 - a tile of 16-bit (and fp32) tokens at head <= 128 holds a whole 32-byte sector of each vLLM V
-  row, fp8 at least 16 tokens (the reason for the 16-token tiles: docs/CUDA.md "Second GPU
-  session");
+  row, fp8 at least 16 tokens (the reason for the 16-token tiles: docs/PERFORMANCE.md,
+  "NVIDIA H200");
 - shared memory stays under the 99 KiB opt-in limit, and the head-128 bf16 tensor-core blocks of
   4 and 8 heads fit 3 to an H200 SM (228 KiB, 1 KiB reserved per block), as the launch bounds
   promise.

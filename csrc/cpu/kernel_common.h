@@ -65,7 +65,7 @@ constexpr float kCoef[6] = {1.9875691500E-4f, 1.3981999507E-3f, 8.3334519073E-3f
 // Prefetch into L2 (prefetcht1 on x86, PRFM PLDL2KEEP on aarch64), as a volatile asm: GCC takes
 // __builtin_prefetch for free of side effects, so it may drop a whole call of a helper that only
 // prefetches (it did: the QK-time row-share prefetch vanished from the compiled QK, and PV then
-// waited on V from DRAM: 1.5-2x slower; docs/PERFORMANCE.md "Regression").
+// waited on V from DRAM: 1.5-2x slower; docs/PERFORMANCE.md "Regression checks").
 inline void prefetch_l2(const void* p) {
 #if defined(__x86_64__) || defined(__i386__)
   asm volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(p)));

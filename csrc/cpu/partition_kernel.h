@@ -60,7 +60,7 @@
 // i + 4's K and block i's V, so PV finds the partition's V in L2; during PV, the next work item's
 // K (within an L2 budget; token-major short rows: its V too, and its QK then prefetches none),
 // a few lines per step: a burst stalls on the miss buffers and leaves
-// nothing in flight during the compute (docs/history/CPU_KERNEL_LOG.md has the measurements).
+// nothing in flight during the compute (measured; git history of docs/CPU_KERNEL.md).
 // Token-major PV also pulls the next block's V into L1, token by token.
 #ifndef PA_ISA
 #error "partition_kernel.h is included by an ISA file that defines PA_ISA and its struct Isa"

@@ -268,7 +268,7 @@ __device__ __forceinline__ void pipelined_attention(const PagedAttentionParams& 
       // kCopyTokens + j * kVecStep of token c * kCopyTokens + lane % kCopyTokens, so one copy
       // instruction of the warp covers kVecStep consecutive chunks of each of kCopyTokens
       // tokens: at least 64 bytes of each token-major row (NOTE: 16 tokens x 32 bytes per
-      // instruction doubles the L2 requests per byte; docs/CUDA.md "Second GPU session"), and
+      // instruction doubles the L2 requests per byte; docs/PERFORMANCE.md, "NVIDIA H200"), and
       // whole 128-byte runs of vLLM's K chunks. A lane fetches a
       // token's info by shuffle once per group and its source advances by a fixed step. The
       // loops run over the instantiation's largest row (compile-time trip counts) and skip

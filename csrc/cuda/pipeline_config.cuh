@@ -42,8 +42,8 @@ constexpr int kKTileBudget = 2048;      // bytes of K per tile at the largest he
 constexpr int kRingBudget = 16 * 1024;  // bytes of ring per warp (3 blocks of head 128 per H200 SM)
 // Tokens whose row of vLLM's V (one dim of one block, tokens contiguous) fills a 32-byte sector:
 // a tile of fewer reads half sectors, and the tile holding the other half (another warp's) asks
-// L2 for the same sector again (what made vLLM's layout L2-bound: docs/CUDA.md "Second GPU
-// session"). Tiles grow to this where the K tile stays within twice kKTileBudget (16-bit
+// L2 for the same sector again (what made vLLM's layout L2-bound: docs/PERFORMANCE.md,
+// "NVIDIA H200"). Tiles grow to this where the K tile stays within twice kKTileBudget (16-bit
 // head <= 128: 16 tokens).
 // fp8 stops at 16: its 16-byte rows of a 16-token block pair up in one copy instruction.
 constexpr int sector_tokens(int elem) { return 32 / elem < 16 ? 32 / elem : 16; }

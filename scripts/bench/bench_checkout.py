@@ -7,7 +7,7 @@ separate processes, on a quiet machine, and compare within a round.
         --dtype float32 --ctx 4096
 
 A warm loop (the same call repeated, K / V in cache) hides regressions in how the kernel streams
-K / V from memory; this one does not (docs/PERFORMANCE.md, "Regression").
+K / V from memory; this one does not (docs/PERFORMANCE.md, "Regression checks").
 Shape: Llama-3-8B-like by default, batch 8 (--batch), 32 query / 8 KV heads (--heads,
 --kv-heads), head 128 (--head), block 16, a random block table; Qwen-like is
 --batch 1 --heads 24 --kv-heads 4 --head 256 --ctx 16384.

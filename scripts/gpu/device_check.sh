@@ -352,7 +352,7 @@ fi
 
 # ---- 7. Nsight Compute on one attention launch per layout (big-batch, default kernel) ----
 # Where the default kernel's time goes on each layout (DRAM against L2 throughput, excess sectors:
-# docs/CUDA.md "Second GPU session" found vLLM's layout L2-bound this way), and at small-batch
+# docs/PERFORMANCE.md, "NVIDIA H200", found vLLM's layout L2-bound this way), and at small-batch
 # (the regime furthest from its target: occupancy, bytes in flight). ncu --set full replays the
 # one launch the filter picks (the 6th attention kernel of a bench run: past the oracle check and
 # warm-up); clocks left alone (--clock-control none). <name>.log ends with the details page;

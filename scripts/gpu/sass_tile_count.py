@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """sass_tile_count.py — count warp-instructions along one path of a kernel's SASS.
 
-The instruction counts per tile in docs/CUDA.md ("The pipelined kernel", "The tensor-core path")
+The instruction counts per tile in docs/CUDA.md ("Counting instructions in the SASS")
 come from this script. Two steps:
 
 1. Compile one instantiation of the pipelined kernel and list its basic blocks:
