@@ -148,13 +148,13 @@ def _assert_all_passed(results, cases):
     assert not failed, "\n".join(f"{k}: {v}" for k, v in failed.items())
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # built once per xdist worker, however tests interleave
 def sim_driver(tmp_path_factory):
     """The driver built once for this module's tests."""
     return _build(tmp_path_factory.mktemp("cuda_sim_build"), "driver")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # built once per xdist worker, however tests interleave
 def sim_run(sim_driver, tmp_path_factory):
     return _run_driver(sim_driver, tmp_path_factory.mktemp("cuda_sim"), CASES)
 
@@ -216,7 +216,7 @@ def test_caches_past_2_31_elements_in_simulation(sim_driver, tmp_path):
     _assert_all_passed(results, cases)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # built once per xdist worker, however tests interleave
 def sim_selftest(tmp_path_factory):
     """tests/cuda_sim/sim_selftest.cpp: the simulation's own checks on tiny kernels."""
     exe = _build(tmp_path_factory.mktemp("cuda_sim_selftest"), "sim_selftest")
@@ -300,7 +300,7 @@ def _race_checked_build(tmp, driver):
     return _build(tmp, driver, extra_flags=RACE_FLAGS)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # built once per xdist worker, however tests interleave
 def race_selftest(tmp_path_factory):
     exe = _race_checked_build(tmp_path_factory.mktemp("cuda_sim_race_selftest"), "sim_selftest")
 
@@ -347,7 +347,7 @@ def test_an_unordered_barrier_is_a_reported_race(race_selftest, what, barrier):
     assert bad.returncode == 2 and "want syncwarp or syncthreads" in bad.stderr, bad
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # built once per xdist worker, however tests interleave
 def race_driver(tmp_path_factory):
     """The driver built with ThreadSanitizer (a compile of about a minute)."""
     return _race_checked_build(tmp_path_factory.mktemp("cuda_sim_race_build"), "driver")

@@ -10,7 +10,12 @@ STAGE="$ROOT/build/sanitize-pkg"   # a copy of the package with the instrumented
 rm -rf "$STAGE" && mkdir -p "$STAGE"
 cp -r paged_attention_ext "$STAGE/"
 rm -rf "$STAGE"/paged_attention_ext/_C*.so
-PAGED_ATTN_SANITIZE=1 MAX_JOBS="${MAX_JOBS:-$(nproc)}" "$PY" setup.py -q build_ext --build-lib "$STAGE" >&2
+mkdir -p build
+t0=$SECONDS
+PAGED_ATTN_SANITIZE=1 MAX_JOBS="${MAX_JOBS:-$(nproc)}" "$PY" setup.py -q build_ext --build-lib "$STAGE" \
+  > build/sanitize-build.log 2>&1 \
+  || { tail -n 40 build/sanitize-build.log >&2; echo "sanitize: the build FAILED (build/sanitize-build.log)" >&2; exit 1; }
+echo "sanitize: built with ASan + UBSan in $((SECONDS - t0)) s" >&2
 ls "$STAGE"/paged_attention_ext/_C*.so >/dev/null
 
 # Python itself is not instrumented: preload the ASan runtime. Leak checking is off (CPython and
