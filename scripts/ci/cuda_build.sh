@@ -28,10 +28,7 @@ t0=$SECONDS
 echo "cuda_build: torch $("$PY" -c 'import torch; print(torch.__version__)') in $((SECONDS - t0)) s"
 [[ "${1:-}" == --venv-only ]] && exit 0
 
-mkdir -p "$COPY"
-tar -C "$ROOT" -c --exclude='_C*.so' --exclude=__pycache__ \
-  csrc docs paged_attention_ext scripts tests setup.py pyproject.toml README.md LICENSE \
-  | tar -C "$COPY" -x
+bash "$ROOT/scripts/ci/copy_tree.sh" "$COPY"
 cd "$COPY"
 t0=$SECONDS
 LOG="$COPY/build.log"

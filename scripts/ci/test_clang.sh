@@ -22,10 +22,7 @@ if ! command -v clang++ >/dev/null; then
   exit 3
 fi
 
-mkdir -p "$COPY"
-tar -C "$ROOT" -c --exclude='_C*.so' --exclude=__pycache__ \
-  csrc docs paged_attention_ext scripts tests setup.py pyproject.toml README.md LICENSE \
-  | tar -C "$COPY" -x
+bash "$ROOT/scripts/ci/copy_tree.sh" "$COPY"
 cd "$COPY"
 t0=$SECONDS
 env -u PAGED_ATTN_BUILD_LOG -u PAGED_ATTN_PTXAS_VERBOSE CXX=clang++ CC=clang \
