@@ -23,11 +23,11 @@ for arg in "$@"; do
 done
 # No selection of our own: the core (everything under tests/, pyproject's testpaths, but @slow).
 if [[ $ALL == 0 && ${#args[@]} -eq 0 ]]; then args=(-m "not slow"); fi
-# One worker per core, at most 8 (pytest-xdist; -n / -p no:xdist given by the caller win); tests
-# marked with one xdist_group share a worker (the host simulation's driver builds are made once).
+# One worker per core, at most 8 (pytest-xdist; -n / -p no:xdist given by the caller win), a test
+# file to one worker (its fixtures, e.g. the host simulation's driver builds, are made once).
 if [[ " ${args[*]:-} " != *" -n "* && " ${args[*]:-} " != *"no:xdist"* ]] \
     && "$PY" -c "import xdist" 2>/dev/null; then
   workers="$(nproc)"; ((workers > 8)) && workers=8
-  ((workers > 1)) && args=(-n "$workers" --dist loadgroup "${args[@]}")
+  ((workers > 1)) && args=(-n "$workers" --dist loadfile "${args[@]}")
 fi
 exec "$PY" -m pytest -q -rs "${args[@]}"

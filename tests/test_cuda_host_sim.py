@@ -20,7 +20,8 @@ slot rewritten while a lane the schedule has not yet run still reads it;
 test_a_pipeline_wait_one_short_is_caught shows it can), also with the threads run in an order
 shuffled at every barrier (a read of another lane's write with no barrier between fails;
 tests/cuda_sim/sim_selftest.cpp checks both models on tiny kernels), the 64-bit cache offsets
-(blocks moved past element 2^31 of the caches), and data races: built with ThreadSanitizer, the
+(blocks moved past element 2^31 of the caches), and data races (tests/test_cuda_race_check.py):
+built with ThreadSanitizer, the
 simulation reports two threads' conflicting accesses to one byte that no __syncthreads (or, in
 a warp, __syncwarp) orders, whatever order it ran them in (every case; a barrier made to order
 nothing is reported in every kernel). What it
@@ -30,137 +31,39 @@ the driver (head sizes 64-128, head tiles 1, 4, 8). tests/test_cuda_kernels.py d
 GPU.
 """
 
-import functools
 import os
-import re
-import shutil
 import struct
 import subprocess
-import tempfile
 
 import pytest
 import torch
 
-from support import host_cpp
-from support import cross_cases as cross
 from paged_attention_ext import reference
 from paged_attention_ext.core import key_chunk_elements
 from paged_attention_ext.tools import conformance, testing
-from paged_attention_ext.validation import Blocksparse, parse_kv_cache_dtype
+from paged_attention_ext.validation import parse_kv_cache_dtype
+from support import cross_cases as cross
+from support import cuda_sim as sim
+from support.cuda_sim import BF16, CASES, F16, F32, KERNELS, MODES, TSAN_ENV
 
-# Builds of the simulation driver (plain and under ThreadSanitizer): minutes of compiling, so not
-# in the default test command (`bash scripts/test.sh --all` and CI run them). Under pytest-xdist
-# (scripts/test.sh: --dist loadgroup) the plain driver's tests run on one worker and the race
-# check's on another, each building its driver once.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cuda_sim")]
-RACE_GROUP = pytest.mark.xdist_group("cuda_sim_race")
-
-F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
-# test_cpu_kernel_cross.CASES' form; head sizes 64-128 (the driver's compiled shapes), every GQA
-# tile, both cache forms, blocksparse
-CASES = [
-    (F32, "auto", 8, 8, 128, 16, [1, 511, 512, 513, 0, 1537], False, None),  # MHA, odd lengths
-    (BF16, "auto", 32, 8, 128, 16, [1537, 77, 0, 513], True, None),  # GQA 4, ALiBi
-    (F16, "auto", 12, 4, 64, 8, [513, 1, 1537], False, None),  # GQA 3: a tile of 4, one idle
-    (BF16, "auto", 24, 2, 64, 32, [700, 0, 33], True, None),  # GQA 12: passes of 8 and 4
-    (F16, "auto", 16, 1, 128, 16, [1025, 9], False, None),  # MQA 16
-    (BF16, "auto", 16, 2, 96, 12, [97, 300], False, None),  # block size 12: per-token V path
-    (F16, "auto", 8, 1, 80, 1, [5, 40], True, None),  # block size 1, head 80
-    (BF16, "auto", 8, 2, 120, 16, [600, 3], False, None),  # head 120: a partial 16-dim slice
-    (F16, "fp8_e4m3", 8, 1, 128, 16, [1, 512, 1537], False, None),  # fp8, GQA 8
-    (BF16, "fp8_e5m2", 12, 4, 112, 5, [513, 77], True, None),  # e5m2, block size 5, GQA 3
-    (F32, "fp8", 8, 2, 64, 16, [300, 1025], True, None),  # fp32 query, fp8 cache
-    (F16, "auto", 4, 1, 128, 16, [0, 0], False, None),  # every row empty: zeros
-    (BF16, "auto", 8, 1, 64, 16, [70000, 3], False, None),  # v2: 137 partitions, > one reduce chunk
-    (F32, "auto", 8, 2, 64, 16, [1, 600, 1025], False, "head_padding"),  # outer strides
-    (BF16, "fp8_e4m3", 8, 2, 64, 16, [1, 600, 1025], False, "blocks_interleaved"),
-    # token-major caches (decode)
-    (BF16, "auto", 16, 2, 128, 16, [1537, 1, 600], False, "nhd"),  # GQA 8
-    (F16, "auto", 8, 2, 120, 16, [700, 33], True, "hnd"),  # head 120, ALiBi
-    (BF16, "fp8_e4m3", 8, 1, 80, 5, [511, 1030], False, "combined"),  # fp8, block size 5
-    (F16, "auto", 12, 4, 64, 7, [513, 5], False, "mixed"),  # K != V strides, block size 7
-    (BF16, "auto", 8, 2, 96, 16, [1, 600], False, "combined_hnd"),
-    (F32, "auto", 8, 2, 64, 1, [300, 77], True, "padded"),  # 16-byte-unaligned token rows
-    # blocksparse: NaN in every (cache block, KV head) no query head attends
-    (F32, "auto", 8, 2, 64, 16, [1100, 300], True, None, Blocksparse(1, 3, 8, 64, 2)),
-    (BF16, "fp8_e5m2", 16, 2, 128, 8, [700, 77], False, None, Blocksparse(1, 1, 3, 12, -1)),
-    (F16, "auto", 8, 2, 96, 16, [1537, 5], False, None, Blocksparse(0, 2, 4, 16, 0)),
-    # every fp8 byte through V and K (testing.every_fp8_byte_inputs), both cache forms
-    cross.every_byte_case("fp8_e4m3", "value"),
-    cross.every_byte_case("fp8_e4m3", "key", "nhd"),
-    cross.every_byte_case("fp8_e5m2", "key"),
-    cross.every_byte_case("fp8_e5m2", "value", "hnd"),
-]
-KERNELS = ("baseline", "pipelined", "mma")  # the kernel choices (csrc/cuda/kernel_choice.h)
-MODES = ("v2", "v1", "split")
-LINE = re.compile(r"^(ok  |FAIL|SKIP) (\S+) \[(\w+) (\w+)\](.*)$", re.M)
-
-
-def _cuda_include_dir():
-    """A folder holding the CUDA toolkit's headers (cuda_fp16.h), or None."""
-    nvcc = shutil.which("nvcc")
-    candidates = [os.path.join(os.environ.get("CUDA_HOME", ""), "include"),
-                  "/usr/local/cuda/include"]
-    if nvcc:
-        candidates.append(os.path.join(os.path.dirname(os.path.dirname(nvcc)), "include"))
-    return next((d for d in candidates if os.path.isfile(os.path.join(d, "cuda_fp16.h"))), None)
-
-
-def _build(tmp, driver, *defines, extra_flags=()):
-    """tests/cuda_sim/<driver>.cpp built over the simulation; skips without CUDA headers."""
-    cuda_include = _cuda_include_dir()
-    if cuda_include is None:
-        pytest.skip("no CUDA toolkit headers (cuda_fp16.h) in $CUDA_HOME/include, "
-                    "/usr/local/cuda/include or next to nvcc: the kernels need them to compile")
-    source = open(os.path.join(host_cpp.TESTS, "cuda_sim", driver + ".cpp")).read()
-    flags = ("-O1", "-U_FORTIFY_SOURCE", "-DPAGED_ATTN_CUDA_HOST_SIM",
-             *(f"-D{d}" for d in defines), *extra_flags)
-    return host_cpp.build(tmp, driver, source, flags=flags,
-                          includes=(host_cpp.TESTS, os.path.join(host_cpp.TESTS, "cuda_sim"),
-                                    cuda_include))
-
-
-def _run_driver(exe, tmp, cases, kernels=KERNELS, env=None):
-    """{(case, kernel, mode): (status, note)} of one run of the built driver over `cases`."""
-    case_dir = tmp / "cases"
-    cross.write_cases(str(case_dir), cases)
-    run = subprocess.run([exe, str(case_dir), *kernels], capture_output=True, text=True,
-                         timeout=1800, env=None if env is None else {**os.environ, **env})
-    print(run.stdout[-20000:], run.stderr[-4000:])  # shown on failure
-    race = run.stderr.find("WARNING: ThreadSanitizer")
-    assert race < 0, f"a data race (rc {run.returncode}):\n{run.stderr[race:race + 6000]}"
-    assert run.returncode in (0, 1), f"simulation error (rc {run.returncode}): {run.stderr}"
-    return {(m[2], m[3], m[4]): (m[1].strip(), m[5].strip()) for m in LINE.finditer(run.stdout)}
-
-
-def _simulate(tmp, cases, all_shapes=False):
-    """{(case, kernel, mode): (status, note)} of one driver run over `cases` and KERNELS."""
-    exe = _build(tmp, "driver", *(("PAGED_ATTN_SIM_ALL_SHAPES",) if all_shapes else ()))
-    return _run_driver(exe, tmp, cases)
-
-
-def _assert_all_passed(results, cases):
-    names = [cross.case_name(i, c) for i, c in enumerate(cases)]
-    missing = [(n, k, m) for n in names for k in KERNELS for m in MODES
-               if (n, k, m) not in results]
-    assert not missing, f"no result for {missing[:5]}"
-    failed = {key: note for key, (status, note) in results.items() if status == "FAIL"}
-    assert not failed, "\n".join(f"{k}: {v}" for k, v in failed.items())
+# Builds of the simulation driver: minutes of compiling, so not in the default test command
+# (`bash scripts/test.sh --all` and CI run them).
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="session")  # built once per xdist worker, however tests interleave
 def sim_driver(tmp_path_factory):
     """The driver built once for this module's tests."""
-    return _build(tmp_path_factory.mktemp("cuda_sim_build"), "driver")
+    return sim.build(tmp_path_factory.mktemp("cuda_sim_build"), "driver")
 
 
 @pytest.fixture(scope="session")  # built once per xdist worker, however tests interleave
 def sim_run(sim_driver, tmp_path_factory):
-    return _run_driver(sim_driver, tmp_path_factory.mktemp("cuda_sim"), CASES)
+    return sim.run_driver(sim_driver, tmp_path_factory.mktemp("cuda_sim"), CASES)
 
 
 def test_every_kernel_matches_the_oracle_in_simulation(sim_run):
-    _assert_all_passed(sim_run, CASES)
+    sim.assert_all_passed(sim_run, CASES)
 
 
 def test_the_split_and_the_tensor_cores_were_exercised(sim_run):
@@ -183,7 +86,7 @@ def test_a_pipeline_wait_one_short_is_caught(sim_driver, tmp_path):
     in every mode that runs and on both cache forms, while the baseline (no cp.async) still
     passes: the copy model can fail, and it is what makes it fail."""
     cases = [CASES[1], CASES[15]]  # vLLM's layout (GQA 4, bf16, ALiBi), NHD (GQA 8)
-    results = _run_driver(sim_driver, tmp_path, cases, env={"CUDA_SIM_WAIT_ONE_SHORT": "1"})
+    results = sim.run_driver(sim_driver, tmp_path, cases, env={"CUDA_SIM_WAIT_ONE_SHORT": "1"})
     ran = 0
     for i, c in enumerate(cases):
         for mode in MODES:  # the split mode is skipped where the plan does not split
@@ -201,9 +104,9 @@ def test_every_kernel_passes_under_a_shuffled_schedule(sim_driver, tmp_path):
     """The same cases with the threads of each block run in a fresh random order at every round
     between barriers (CUDA_SIM_SCHEDULE): a kernel that relied on the simulation's thread order
     (a read of another lane's shared-memory write with no barrier between) fails here."""
-    results = _run_driver(sim_driver, tmp_path, CASES,
+    results = sim.run_driver(sim_driver, tmp_path, CASES,
                           env={"CUDA_SIM_SCHEDULE": "shuffle:20261203"})
-    _assert_all_passed(results, CASES)
+    sim.assert_all_passed(results, CASES)
 
 
 def test_caches_past_2_31_elements_in_simulation(sim_driver, tmp_path):
@@ -212,14 +115,14 @@ def test_caches_past_2_31_elements_in_simulation(sim_driver, tmp_path):
     cache offsets are 64-bit on every path (vLLM's layout with 16-bit and fp8 caches, NHD, the
     combined token-major layout with block size 5)."""
     cases = [CASES[1], CASES[8], CASES[15], CASES[17]]
-    results = _run_driver(sim_driver, tmp_path, cases, env={"CUDA_SIM_FAR_BLOCKS": "1"})
-    _assert_all_passed(results, cases)
+    results = sim.run_driver(sim_driver, tmp_path, cases, env={"CUDA_SIM_FAR_BLOCKS": "1"})
+    sim.assert_all_passed(results, cases)
 
 
 @pytest.fixture(scope="session")  # built once per xdist worker, however tests interleave
 def sim_selftest(tmp_path_factory):
     """tests/cuda_sim/sim_selftest.cpp: the simulation's own checks on tiny kernels."""
-    exe = _build(tmp_path_factory.mktemp("cuda_sim_selftest"), "sim_selftest")
+    exe = sim.build(tmp_path_factory.mktemp("cuda_sim_selftest"), "sim_selftest")
 
     def run(what, env=None):
         return subprocess.run([exe, what], capture_output=True, text=True, timeout=60,
@@ -264,137 +167,6 @@ def test_the_simulation_catches_a_write_past_dynamic_shared_memory(sim_selftest)
     assert "a write outside the block's dynamic shared memory" in past.stderr, past
 
 
-# ---- data races: the simulation built with ThreadSanitizer (cuda_sim.h's `race` model) ----
-
-RACE_FLAGS = ("-fsanitize=thread", "-g")
-TSAN_ENV = {"TSAN_OPTIONS": "exitcode=66"}  # a report makes the exit status 66
-# every kernel choice and mode on: MHA f32 with odd lengths (v2 over 4 partitions), GQA 4 bf16
-# (tensor cores), fp8 GQA 8, NHD GQA 8, the combined token-major layout with block size 5, fp8
-# blocksparse
-RACE_CASES = [CASES[i] for i in (0, 1, 8, 15, 17, 22)]
-
-
-@functools.lru_cache(maxsize=None)
-def _tsan_missing():
-    """Why the C++ compiler cannot build and run a -fsanitize=thread program (no libtsan), or
-    None when it can: probed once per session."""
-    cxx = host_cpp.compiler()
-    with tempfile.TemporaryDirectory() as probe:
-        exe = os.path.join(probe, "a.out")
-        built = cxx is not None and subprocess.run(
-            [cxx, *RACE_FLAGS, "-x", "c++", "-", "-o", exe],
-            input="int main() { return 0; }", capture_output=True, text=True).returncode == 0
-        if built and subprocess.run([exe], capture_output=True).returncode == 0:
-            return None
-    return f"{cxx or 'no C++ compiler'} cannot build and run a -fsanitize=thread program"
-
-
-def _race_checked_build(tmp, driver):
-    """_build with ThreadSanitizer; skips where the compiler cannot build or run with it (no
-    libtsan), unless CUDA_SIM_REQUIRE_TSAN=1 (CI) makes that a failure."""
-    why = _tsan_missing()
-    if why is not None:
-        if os.environ.get("CUDA_SIM_REQUIRE_TSAN") == "1":
-            pytest.fail(why + " (CUDA_SIM_REQUIRE_TSAN=1)")
-        pytest.skip(why)
-    return _build(tmp, driver, extra_flags=RACE_FLAGS)
-
-
-@pytest.fixture(scope="session")  # built once per xdist worker, however tests interleave
-def race_selftest(tmp_path_factory):
-    exe = _race_checked_build(tmp_path_factory.mktemp("cuda_sim_race_selftest"), "sim_selftest")
-
-    def run(what, env=None):
-        return subprocess.run([exe, what], capture_output=True, text=True, timeout=120,
-                              env={**os.environ, **TSAN_ENV, **(env or {})})
-    return run
-
-
-@RACE_GROUP
-@pytest.mark.parametrize("what", ["race", "shuffle", "cross_warp"])
-def test_the_race_model_reports_accesses_no_barrier_orders(race_selftest, what):
-    """A read of another thread's shared-memory write with no barrier between (race), with only
-    a shuffle between (a shuffle is no memory fence), or across warps with only __syncwarp
-    between: ThreadSanitizer reports it, whatever order the simulation ran the threads in (in
-    thread order, `race` and `shuffle` even read the right values)."""
-    ran = race_selftest(what)
-    assert ran.returncode == 66, ran
-    assert "WARNING: ThreadSanitizer: data race" in ran.stderr, ran.stderr
-    assert "neighbour_read" in ran.stderr and "::smem" in ran.stderr, ran.stderr  # the array
-
-
-@RACE_GROUP
-@pytest.mark.parametrize("what", ["barrier", "warp_fence", "async", "smem_fresh"])
-def test_the_race_model_accepts_what_barriers_order(race_selftest, what):
-    """The same reads after __syncthreads, within a warp after __syncwarp, a cp.async read
-    after its wait by the thread that issued it, and blocks reusing shared memory: no report."""
-    ran = race_selftest(what)
-    assert ran.returncode == 0 and "ThreadSanitizer" not in ran.stderr, ran
-    assert ran.stdout.strip() in (f"{what}: 0 wrong", "async: ok",
-                                  "smem_fresh: block 1 read NaN"), ran.stdout
-
-
-@RACE_GROUP
-@pytest.mark.parametrize("what, barrier", [("barrier", "syncthreads"), ("warp_fence", "syncwarp")])
-def test_an_unordered_barrier_is_a_reported_race(race_selftest, what, barrier):
-    """CUDA_SIM_UNORDERED=<barrier> (the kernels' check below): the barrier still parks the
-    threads, so the values are right, but orders nothing, so the same reads are races; a value
-    it does not know is a usage error."""
-    ran = race_selftest(what, {"CUDA_SIM_UNORDERED": barrier})
-    assert ran.stdout.strip() == f"{what}: 0 wrong", ran
-    assert ran.returncode == 66 and "WARNING: ThreadSanitizer: data race" in ran.stderr, ran
-    bad = race_selftest(what, {"CUDA_SIM_UNORDERED": "fence"})
-    assert bad.returncode == 2 and "want syncwarp or syncthreads" in bad.stderr, bad
-
-
-@pytest.fixture(scope="session")  # built once per xdist worker, however tests interleave
-def race_driver(tmp_path_factory):
-    """The driver built with ThreadSanitizer (a compile of about a minute)."""
-    return _race_checked_build(tmp_path_factory.mktemp("cuda_sim_race_build"), "driver")
-
-
-@RACE_GROUP
-def test_no_data_race_in_any_kernel(race_driver, tmp_path):
-    """Every kernel choice and mode on RACE_CASES with the simulation built with ThreadSanitizer:
-    no two threads of a block touch the same byte (one of them writing) without a __syncthreads
-    or, within a warp, a __syncwarp between, and every answer matches the oracle (about 7x the
-    plain simulation's time, hence a subset here and the rest @slow)."""
-    _assert_all_passed(_run_driver(race_driver, tmp_path, RACE_CASES, env=TSAN_ENV), RACE_CASES)
-
-
-@RACE_GROUP
-@pytest.mark.slow
-def test_no_data_race_in_any_kernel_on_the_other_cases(race_driver, tmp_path):
-    others = [c for c in CASES if c not in RACE_CASES]
-    _assert_all_passed(_run_driver(race_driver, tmp_path, others, env=TSAN_ENV), others)
-
-
-# the file whose code a missing barrier makes race, per kernel choice
-KERNEL_SOURCE = {"baseline": "csrc/cuda/attention_kernel.cuh",
-                 "pipelined": "csrc/cuda/attention_kernel_pipelined.cuh",
-                 "mma": "csrc/cuda/attention_kernel_pipelined.cuh"}
-
-
-@RACE_GROUP
-@pytest.mark.slow
-@pytest.mark.parametrize("barrier", ["syncwarp", "syncthreads"])
-def test_a_barrier_that_orders_nothing_is_reported(race_driver, tmp_path, barrier):
-    """What makes the race-free run above mean something: with CUDA_SIM_UNORDERED every
-    __syncwarp (or __syncthreads) of the kernels still parks the threads, so every answer stays
-    right, but orders no memory, as if it were missing on a GPU; ThreadSanitizer then reports a
-    race in each kernel choice's own code."""
-    case_dir = str(tmp_path / "case")
-    cross.write_cases(case_dir, [CASES[15]])  # NHD, GQA 8, bf16: every kernel, v2 / v1 / split
-    for kernel in KERNELS:
-        run = subprocess.run([race_driver, case_dir, kernel], capture_output=True,
-                             text=True, timeout=600,
-                             env={**os.environ, **TSAN_ENV, "CUDA_SIM_UNORDERED": barrier})
-        assert "0 failed" in run.stdout and "FAIL" not in run.stdout, run.stdout  # same values
-        assert run.returncode == 66, (kernel, run.returncode, run.stderr[-3000:])
-        races = re.findall(r"^SUMMARY: ThreadSanitizer: data race (\S+):\d+", run.stderr, re.M)
-        assert any(f.endswith(KERNEL_SOURCE[kernel]) for f in races), (kernel, races)
-
-
 # Every head size and GQA tile the CUDA build compiles (the driver built with every shape: a
 # compile of a few minutes, hence @slow).
 ALL_SHAPE_CASES = [
@@ -410,9 +182,8 @@ ALL_SHAPE_CASES = [
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("cuda_sim_all_shapes")  # a driver build of its own
 def test_every_compiled_shape_matches_the_oracle_in_simulation(tmp_path):
-    _assert_all_passed(_simulate(tmp_path, ALL_SHAPE_CASES, all_shapes=True), ALL_SHAPE_CASES)
+    sim.assert_all_passed(sim.simulate(tmp_path, ALL_SHAPE_CASES, all_shapes=True), ALL_SHAPE_CASES)
 
 
 # ---- reshape_and_cache / reshape_and_cache_flash (tests/cuda_sim/cache_driver.cpp) ----
@@ -506,7 +277,7 @@ def _read_back(path, like):
 def test_cache_writes_match_the_oracle_in_simulation(tmp_path, race_checked):
     """Race-checked: built with ThreadSanitizer (cuda_sim.h's race model), where no two threads
     may write one cache byte."""
-    exe = (_race_checked_build if race_checked else _build)(tmp_path, "cache_driver")
+    exe = (sim.race_checked_build if race_checked else sim.build)(tmp_path, "cache_driver")
     cases = []
     for i, (dtype, kv, layout) in enumerate(CACHE_CASES):
         args, want = _cache_case(i, dtype, kv, layout)
