@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from paged_attention_ext import api, fallback, reference, vllm_compat
+from paged_attention_ext import api, fallback, reference
+from paged_attention_ext.integrations import vllm_compat
 from paged_attention_ext.tools import backends, conformance, testing
 from paged_attention_ext.validation import Blocksparse
 from support.blocksparse import CASES

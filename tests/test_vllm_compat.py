@@ -31,14 +31,6 @@ def _parameters(fn):
     return [(p.name, p.default) for p in inspect.signature(fn).parameters.values()]
 
 
-def test_former_module_name_is_the_same_module():
-    import paged_attention_ext.vllm_compat as former
-    from paged_attention_ext.vllm_compat import paged_attention_v2
-
-    assert former is vllm_compat
-    assert paged_attention_v2 is vllm_compat.paged_attention_v2
-
-
 def test_signatures_match_the_seed_and_vllm():
     assert _parameters(vllm_compat.paged_attention_v2_pytorch) == SEED_PARAMETERS
     # vLLM's _custom_ops.paged_attention_v2: out, exp_sum, max_logits, tmp_out, then the same.

@@ -49,13 +49,6 @@ PA_HOST_DEVICE SoftmaxStats merge_stats(SoftmaxStats a, SoftmaxStats b, MergeFac
   return SoftmaxStats{m, a.sum * f.scale_a + b.sum * f.scale_b};
 }
 
-// Add one logit to a running summary (online softmax). Afterwards
-//   out = out * f.scale_a + v * f.scale_b
-// for that logit's value vector v.
-PA_HOST_DEVICE SoftmaxStats push_logit(SoftmaxStats s, float logit, MergeFactors& f) {
-  return merge_stats(s, SoftmaxStats{logit, 1.0f}, f);
-}
-
 // 1 / sum for normalising an output; 0 for the empty set (seq_len == 0 gives zeros, not NaN).
 PA_HOST_DEVICE float inv_sum(SoftmaxStats s) { return s.sum > 0.0f ? 1.0f / s.sum : 0.0f; }
 

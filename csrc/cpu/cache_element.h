@@ -51,15 +51,5 @@ struct E5M2 {
   static float decode(uint8_t v) { return fp8::e5m2_to_float(v); }
 };
 
-// Element i of a query-dtype array (query, key, value) as float; exact.
-inline float scalar_to_float(ScalarKind kind, const void* base, int64_t i) {
-  switch (kind) {
-    case ScalarKind::kFloat16: return F16::decode(static_cast<const uint16_t*>(base)[i]);
-    case ScalarKind::kBFloat16: return BF16::decode(static_cast<const uint16_t*>(base)[i]);
-    case ScalarKind::kFloat32: break;
-  }
-  return F32::decode(static_cast<const float*>(base)[i]);
-}
-
 }  // namespace cpu
 }  // namespace paged_attn
