@@ -127,7 +127,11 @@ if [[ ! -f "$STAMP_FILE" || "$(cat "$STAMP_FILE")" != "$STAMP" ]] || ! ls paged_
     # setuptools >= 80 otherwise: docs/BUILD.md);
     # the build above is reused, so this only installs the package and the paged-attn command.
     log "installing the package in editable mode (python setup.py develop)"
-    "$PY" setup.py -q develop >&2
+    if ! "$PY" setup.py -q develop > build/last-develop.log 2>&1; then
+      tail -n 40 build/last-develop.log >&2
+      log "the editable install FAILED (whole log: build/last-develop.log)"
+      exit 1
+    fi
   fi
   mkdir -p build && echo "$STAMP" > "$STAMP_FILE"
 fi
