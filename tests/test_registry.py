@@ -86,6 +86,40 @@ def test_overload_is_named_unless_scales_are_mixed():
         assert op_args.overload(op, one, 1.0) is packet  # torch resolves a mixed call
 
 
+def _cache_write_args(seed):
+    gen = torch.Generator().manual_seed(seed)
+    key, value = (torch.randn(3, 2, 16, generator=gen) for _ in range(2))
+    key_cache, value_cache = torch.zeros(4, 2, 4, 4, 4), torch.zeros(4, 2, 16, 4)
+    return key, value, key_cache, value_cache, torch.tensor([0, 5, 14])
+
+
+@pytest.mark.parametrize("k_scale,v_scale,expected", [
+    (2.0, 0.5, "default"), (1, 2, "default"),
+    (torch.tensor([2.0]), torch.tensor([0.5]), schemas.TENSOR_SCALES_OVERLOAD),
+    (torch.tensor([2.0]), 0.5, None), (2.0, torch.tensor(0.5), None)])
+@pytest.mark.parametrize("as_keywords", [False, True])
+def test_packet_resolves_as_torch_does(k_scale, v_scale, expected, as_keywords):
+    # _registration.py resolves each packet's overload from the scales' types (no failed match
+    # of the tensor overload for float scales); it must pick what torch's own resolution picks
+    # (mixed scales: torch's resolution itself), positional or keyword, and write the same cache.
+    packet = torch.ops.paged_attn.reshape_and_cache
+    assert packet._paged_attn_resolution
+    scales = ({"k_scale": k_scale, "v_scale": v_scale} if as_keywords else {})
+    extra = () if as_keywords else (k_scale, v_scale)
+    picked, caches = [], []
+    for resolve in (packet, packet._op.torch_resolution):
+        args = _cache_write_args(seed=3)
+        with _RecordOverloads() as mode:
+            resolve(*args, "auto", *extra, **scales)
+        picked.append(mode.called)
+        caches.append(args[2:4])
+    assert picked[0] == picked[1]
+    if expected is not None:
+        assert picked[0] == [expected]
+    for ours, torchs in zip(*caches):
+        torch.testing.assert_close(ours, torchs, rtol=0, atol=0)
+
+
 def test_pytorch_implementation_serves_without_extension():
     script = (
         "import torch, paged_attention_ext as pa\n"
