@@ -125,7 +125,11 @@ void paged_attention(const PagedAttentionParams& p, bool is_v2, PartitionKernel 
   const int64_t rows = static_cast<int64_t>(p.num_seqs) * p.num_heads;
   // v1 / decode: the partitions' max and sum in an internal [2, rows, P] array.
   const std::unique_ptr<float[]> stats(is_v2 ? nullptr : new float[2 * rows * P]);
-  const std::unique_ptr<float[]> part_out(new float[rows * P * p.head_size]);  // [rows, P, D]
+  // v1 / decode with one partition per row and an fp32 `out`: a partition's output, normalised by
+  // its own sum, IS the row's output (weight 1), so the kernel writes `out` and phase 2 only
+  // zeroes the rows of sequences with no tokens.
+  const bool direct = !is_v2 && P == 1 && p.scalar_kind == ScalarKind::kFloat32;
+  const std::unique_ptr<float[]> part_out(direct ? nullptr : new float[rows * P * p.head_size]);
 
   KernelInputs in;
   in.query = query;
@@ -133,7 +137,7 @@ void paged_attention(const PagedAttentionParams& p, bool is_v2, PartitionKernel 
   in.v_scale = cache_scale(p, p.v_scale_ptr, p.v_scale);
   in.max_logits = is_v2 ? p.max_logits : stats.get();
   in.exp_sums = is_v2 ? p.exp_sums : stats.get() + rows * P;
-  in.part_out = part_out.get();
+  in.part_out = direct ? static_cast<float*>(p.out) : part_out.get();  // [rows, P, D]
   in.num_partitions = P;
 
   const size_t scratch_floats = kernel_scratch_floats(p);
@@ -145,6 +149,13 @@ void paged_attention(const PagedAttentionParams& p, bool is_v2, PartitionKernel 
       kernel(p, in, tasks[i], i + 1 < end ? &tasks[i + 1] : nullptr, scratch.data());
   });
 
+  if (direct) {
+    for (int s = 0; s < p.num_seqs; ++s)
+      if (p.seq_lens[s] == 0)
+        std::fill_n(static_cast<float*>(p.out) + static_cast<int64_t>(s) * p.num_heads * p.head_size,
+                    static_cast<int64_t>(p.num_heads) * p.head_size, 0.0f);
+    return;
+  }
   switch (p.scalar_kind) {
     case ScalarKind::kFloat32: return merge_partitions<float>(p, in, is_v2);
     case ScalarKind::kFloat16: return merge_partitions<c10::Half>(p, in, is_v2);

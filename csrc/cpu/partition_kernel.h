@@ -724,9 +724,11 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
       qb[i] = static_cast<uint16_t>(bits >> 16);
     }
   } else {
+    const Vec scale = Isa::set1(in.qk_scale);
     for (int g = 0; g < G; ++g)
-      for (int d = 0; d < s.Dq; ++d)
-        qs[g * s.Dq + d] = d < s.D ? in.qk_scale * q[g * s.D + d] : 0.0f;
+      for (int d = 0; d < s.Dq; d += 16)  // lanes past D load 0
+        Isa::store(qs + g * s.Dq + d, Isa::mul(scale, Isa::load(q + g * s.D + d, Isa::lanes(0, s.D - d))),
+                   Isa::lanes(0, 16));
   }
 
   // The next work item, prefetched during this item's PV (memory is otherwise idle while PV
