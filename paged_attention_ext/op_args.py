@@ -96,8 +96,8 @@ def with_scratch(args, exp_sums, max_logits, tmp_out):
 def overload(op, k_scale=1.0, v_scale=1.0):
     """The overload of torch.ops.paged_attn.<op> that torch.ops would pick for these scales,
     named directly: `.scale_tensor` for two tensors, the default one for two numbers, else the
-    packet itself (torch resolves mixed scales). Through the packet, a call with float scales
-    first fails to match the tensor overload (schemas.py), which costs more than the call."""
+    packet itself (torch resolves mixed scales). The packet makes the same choice
+    (_registration.py); naming the overload skips that Python step."""
     packet = getattr(getattr(torch.ops, schemas.LIBRARY), op)
     tensors = isinstance(k_scale, torch.Tensor) + isinstance(v_scale, torch.Tensor)
     if tensors == 2:

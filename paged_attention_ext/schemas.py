@@ -8,10 +8,10 @@ holds them (a stale build would not). Each op has a `.scale_tensor` overload (k_
 v_scale as 1-element float32 tensors, read on the device: no host sync) and a default overload
 (Python floats). ORDER MATTERS: torch.ops overload resolution takes the first schema that
 matches, and a 0-dim tensor given to a `float` argument silently converts through __float__
-(a host sync), so the tensor overload is listed, and registered, first. That order has a
-price: a call with float scales through the packet (`torch.ops.paged_attn.v1(...)`) first fails to
-match the tensor overload (a one-token v1: 27.7 us, against 9.0 us through `.default`;
-docs/DESIGN.md), so the package's own callers name the overload (op_args.overload).
+(a host sync), so the tensor overload is listed, and registered, first. torch's own
+resolution would then make a call with float scales through the packet first fail to match the
+tensor overload (a one-token v1: 27.7 us, against 9.0 us through `.default`), so each packet
+resolves from the scales' types instead (_registration.py; docs/DESIGN.md).
 """
 
 LIBRARY = "paged_attn"

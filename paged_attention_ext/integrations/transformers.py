@@ -76,7 +76,7 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     # token order (sequence-major) matches paged_step.slot_mapping.
     new_keys = key.transpose(1, 2).reshape(-1, num_kv_heads, head_size)
     new_values = value.transpose(1, 2).reshape(-1, num_kv_heads, head_size)
-    # .default named: through the packet a float-scale call first fails to match .scale_tensor
+    # .default named: float scales (the packet would resolve to it, one Python step later)
     torch.ops.paged_attn.reshape_and_cache.default(new_keys, new_values, key_cache, value_cache,
                                                    paged_step.slot_mapping, "auto", 1.0, 1.0)
     if q_len == 1:

@@ -139,7 +139,7 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     safe_positions = positions.clamp(min=0)
     pages = block_table[:num_seqs].gather(1, (safe_positions // page_size)[:, None])[:, 0].long()
     slot_mapping = torch.where(valid, pages * page_size + safe_positions % page_size, -1)
-    # .default named: through the packet a float-scale call first fails to match .scale_tensor
+    # .default named: float scales (the packet would resolve to it, one Python step later)
     torch.ops.paged_attn.reshape_and_cache_flash.default(k[:num_seqs, 0], v[:num_seqs, 0],
                                                          k_cache, v_cache, slot_mapping)
 

@@ -18,10 +18,12 @@ import time
 
 import torch
 
-from ... import api, reference
+from ... import api
 from ...integrations import vllm_compat
+from ..testing import assert_out_matches
 from . import vllm_cpu
 from .presets import Shape
+from .runner import oracle_out
 from .workload import make_workload
 
 SHAPE = Shape("tiny-call", batch=1, heads=8, kv_heads=8, head=128, ctx=1, block=16)
@@ -83,10 +85,7 @@ def _entry_points(vllm, nhd):
 
 
 def _check(name, fn, expected):
-    got = fn().clone()
-    if not torch.allclose(got, expected, rtol=1e-5, atol=1e-5):
-        raise AssertionError(f"host-time: {name} disagrees with the oracle "
-                             f"(max |diff| {(got - expected).abs().max().item():.3g})")
+    assert_out_matches(fn().clone(), expected, torch.float32, name=f"host-time: {name}")
 
 
 def run_host_time(seed: int = 0) -> dict:
@@ -103,13 +102,7 @@ def run_host_time(seed: int = 0) -> dict:
 def _run_host_time(seed):
     vllm = make_workload(SHAPE, torch.float32, "auto", "cpu", seed, kv_layout="vllm")
     nhd = make_workload(SHAPE, torch.float32, "auto", "cpu", seed, kv_layout="nhd")
-    expected = torch.empty_like(vllm.query)
-    reference.paged_attention_v1(expected, vllm.query, vllm.key_cache, vllm.value_cache,
-                                 SHAPE.kv_heads, vllm.scale, vllm.block_tables, vllm.seq_lens,
-                                 SHAPE.block, SHAPE.ctx, None, "auto", 1.0, 1.0)
-    expected_nhd = torch.empty_like(nhd.query)
-    reference.decode(expected_nhd, nhd.query, nhd.key_cache, nhd.value_cache, nhd.block_tables,
-                     nhd.seq_lens, nhd.scale, None, "auto", 1.0, 1.0)
+    (expected, _), (expected_nhd, _) = oracle_out(vllm), oracle_out(nhd)
     small = torch.zeros(4)
     rows = [{"name": REFERENCE, "what": "yardstick: torch's cheapest op call", "ours": False,
              "fn": lambda: small.add_(1.0)}]

@@ -49,7 +49,7 @@ class BenchResult:
     rows: list = field(default_factory=list)  # one dict per (shape, contender)
 
 
-def _oracle_out(work: Workload) -> tuple:
+def oracle_out(work: Workload) -> tuple:
     """The oracle's out for this workload, and how long it took."""
     s = work.shape
     out = torch.empty_like(work.query)
@@ -123,7 +123,7 @@ def _bench_shape(shape: Shape, config: BenchConfig, plan, flusher, progress) -> 
     work = make_workload(shape, config.dtype, config.kv_cache_dtype, config.device, config.seed,
                          kv_layout=config.kv_layout, blocksparse=config.blocksparse)
     progress.phase(f"{shape.label}: oracle")
-    expected, oracle_s = _oracle_out(work)
+    expected, oracle_s = oracle_out(work)
     nbytes = work.bytes_moved()
     pick = vllm_pick(work) if work.kv_layout == "vllm" else "decode"  # the op ours x refers to
     rows = []
