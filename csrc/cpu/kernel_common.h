@@ -165,12 +165,16 @@ inline int max_spans_of(int block_size) { return kPartitionSize / block_size + 2
 
 inline int round_up16(int n) { return (n + 15) & ~15; }
 
+// Items of at most this many tokens take the short path (partition_kernel.h, "short items").
+constexpr int kShortTokens = 4;
+
 // A work item's per-thread scratch, as float offsets: logits [G][L] | qs [G][Dq] | norm [G] |
 // spans [2][max_spans] (this item's, the next one's) | next K and V block addresses
 // [2][max_spans] | v_ahead: nonzero when the item before (on this thread, scratch zeroed at the
-// start) prefetched this item's V. Every part starts on a 16-float boundary.
+// start) prefetched this item's V | short_rows [2][kShortTokens][Dq]: a short item's K and V
+// tokens as fp32 rows. Every part starts on a 16-float boundary.
 struct ScratchLayout {
-  int64_t qs, norm, spans, next_kv, v_ahead, total;
+  int64_t qs, norm, spans, next_kv, v_ahead, short_rows, total;
   ScratchLayout(int64_t G, int64_t D, int block_size) {
     constexpr int64_t kSpanFloats = (sizeof(Span) + 3) / 4, kPointerFloats = (sizeof(char*) + 3) / 4;
     const int64_t max_spans = max_spans_of(block_size);
@@ -179,7 +183,8 @@ struct ScratchLayout {
     spans = norm + ((G + 15) & ~15);
     next_kv = spans + ((2 * max_spans * kSpanFloats + 15) & ~15);
     v_ahead = next_kv + ((2 * max_spans * kPointerFloats + 15) & ~15);
-    total = v_ahead + 16;
+    short_rows = v_ahead + 16;
+    total = short_rows + 2 * kShortTokens * round_up16(static_cast<int>(D));
   }
 };
 

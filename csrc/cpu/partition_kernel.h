@@ -54,6 +54,8 @@
 //           head tiles and dim tiles of a block before the next (its V read into L1 once), the
 //           sums kept in the output rows between blocks.
 // Slots outside [lo, hi) are masked to zero in BOTH p and V loads (0 * NaN would be NaN).
+// Short items (at most kShortTokens tokens, dense): QK and PV per token over the tokens' K and V
+// gathered into fp32 rows ("short items" below) instead of block by block.
 // Blocksparse (core/blocksparse.h): blocks no head of the KV head attends leave the spans (never
 // read, logits -inf); a head's skipped blocks among the rest get -inf logits after QK.
 // Prefetch (addresses known from the block tables), into L2: while scoring block i, block
@@ -670,6 +672,72 @@ inline void mask_unattended_heads(const PagedAttentionParams& p, PartitionTask t
   }
 }
 
+// ---- short items ----
+
+// An item of at most kShortTokens tokens (kernel_common.h; a sequence's first decode steps):
+// the block-wide QK and PV above cost as much for one token as for a whole block (every slot of
+// a K row; in vLLM's layout one horizontal sum per head dim), so here the item's K and V tokens
+// are first gathered into fp32 rows and the work is per token: a dot product per (head, token),
+// a weighted sum of V rows per head. Only the item's slots are read.
+template <typename Cache>
+using ShortElem = std::conditional_t<std::is_same_v<Cache, BF16Dot>, BF16, Cache>;
+
+// row[0, Dq) = dims of token `slot` of a K (is_key) or V slice as fp32, 0 past D.
+template <typename Cache, KvForm F>
+inline void gather_token(const typename Cache::storage* slice, bool is_key, const TaskShape& s,
+                         int slot, float* row) {
+  using E = ShortElem<Cache>;
+  if constexpr (F == KvForm::kTokenMajor) {
+    const auto* t = slice + slot * (is_key ? s.k_token_stride : s.v_token_stride);
+    for (int d = 0; d < s.Dq; d += 16)
+      Isa::store(row + d, Isa::template load_cache<E>(t + d, Isa::lanes(0, s.D - d)),
+                 Isa::lanes(0, 16));
+  } else {  // K: X dims of a token every s.R elements; V: one dim every s.bs elements
+    constexpr int X = form_x<Cache, F>();
+    for (int d = 0; d < s.D; ++d)
+      row[d] = E::decode(is_key ? slice[static_cast<int64_t>(d / X) * s.R + slot * X + d % X]
+                                : slice[static_cast<int64_t>(d) * s.bs + slot]);
+    for (int d = s.D; d < s.Dq; ++d) row[d] = 0.0f;
+  }
+}
+
+// rows [2][kShortTokens][Dq] = the item's K then V tokens in token order; logits[g][lo + t] =
+// qk_scale * q[g] . k_t (q: the G heads' fp32 query rows, unscaled).
+template <typename Cache, KvForm F>
+void short_qk(const typename Cache::storage* K, const typename Cache::storage* V,
+              const Span* spans, int nspans, const float* q, float qk_scale, const TaskShape& s,
+              int G, int lo, float* logits, float* rows) {
+  int n = 0;
+  for (int i = 0; i < nspans; ++i)
+    for (int slot = spans[i].lo; slot < spans[i].hi; ++slot, ++n) {
+      gather_token<Cache, F>(K + spans[i].k_offset, true, s, slot, rows + n * s.Dq);
+      gather_token<Cache, F>(V + spans[i].v_offset, false, s, slot,
+                             rows + (kShortTokens + n) * s.Dq);
+    }
+  for (int g = 0; g < G; ++g)
+    for (int t = 0; t < n; ++t) {
+      Vec acc = Isa::zero();
+      for (int d = 0; d < s.D; d += 16)
+        acc = Isa::fmadd(Isa::load(q + g * s.D + d, Isa::lanes(0, s.D - d)),
+                         Isa::load(rows + t * s.Dq + d, Isa::lanes(0, 16)), acc);
+      logits[g * s.L + lo + t] = qk_scale * Isa::reduce_add(acc);
+    }
+}
+
+// out[g] = norm[g] * sum_t p[g][lo + t] * v_t over the n tokens of short_qk's V rows.
+inline void short_pv(const float* probs, const float* v_rows, int n, const TaskShape& s, int G,
+                     int lo, const float* norm, float* out, int64_t out_stride) {
+  for (int g = 0; g < G; ++g)
+    for (int d = 0; d < s.D; d += 16) {
+      Vec acc = Isa::zero();
+      for (int t = 0; t < n; ++t)
+        acc = Isa::fmadd(Isa::set1(probs[g * s.L + lo + t]),
+                         Isa::load(v_rows + t * s.Dq + d, Isa::lanes(0, 16)), acc);
+      Isa::store(out + g * out_stride + d, Isa::mul(acc, Isa::set1(norm[g])),
+                 Isa::lanes(0, s.D - d));
+    }
+}
+
 // ---- one work item ----
 
 // Bytes of L2 the partition's V and the next work item's K (prefetched during this item's PV)
@@ -713,79 +781,91 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
   if (blocksparse_active(p.blocksparse))  // only the blocks some head attends stay in spans
     nspans = drop_unattended_blocks(p, task, s, h0, G, spans, nspans, logits);
 
-  // qs[g][d] = qk_scale * q[h0 + g][d] for d < Dq (0 past D); for BF16Dot, the bf16 bits of
-  // q[h0 + g][d] (exact: the query is bf16, its fp32 copy's top half) and QK scales the sums.
   const float* q = in.query + (static_cast<int64_t>(task.seq) * p.num_heads + h0) * s.D;
-  if constexpr (kBf16Dot) {
-    auto* qb = reinterpret_cast<uint16_t*>(qs);
-    for (int64_t i = 0; i < static_cast<int64_t>(G) * s.D; ++i) {
-      uint32_t bits;
-      std::memcpy(&bits, q + i, sizeof(bits));
-      qb[i] = static_cast<uint16_t>(bits >> 16);
-    }
-  } else {
-    const Vec scale = Isa::set1(in.qk_scale);
-    for (int g = 0; g < G; ++g)
-      for (int d = 0; d < s.Dq; d += 16)  // lanes past D load 0
-        Isa::store(qs + g * s.Dq + d, Isa::mul(scale, Isa::load(q + g * s.D + d, Isa::lanes(0, s.D - d))),
-                   Isa::lanes(0, 16));
-  }
-
-  // The next work item, prefetched during this item's PV (memory is otherwise idle while PV
-  // reads V from L2), a few lines per PV step (vLLM's layout: the first head tile's steps;
-  // token-major: all of PV's, its head tiles take turns per block): its K, what fits in
-  // kPrefetchBudget beside this item's V; and, token-major, when this item's and the next one's
-  // K and V all fit (short rows), its V after its K. An item of a few blocks otherwise finds its
-  // V in memory at PV: prefetched only while its own K is scored, V comes too late. That item's
-  // QK then prefetches no V (v_ahead).
+  // A short item (few tokens, dense) gathers its tokens; the rest runs block by block.
+  const bool short_item = hi - lo <= kShortTokens && !blocksparse_active(p.blocksparse);
+  float* short_rows = scratch + layout.short_rows;
   PrefetchStream pf;
-  Span* next_spans = spans + max_spans;
-  const int n_next = next != nullptr && nspans > 0 ? partition_spans(p, *next, s.bs, next_spans) : 0;
-  const int nk = static_cast<int>(
-      std::clamp<int64_t>((kPrefetchBudget - nspans * s.kv_bytes) / s.kv_bytes, 0, n_next));
-  const int nv = F == KvForm::kTokenMajor && n_next > 0 &&
-                         2 * (nspans + n_next) * s.kv_bytes <= kPrefetchBudget
-                     ? n_next
-                     : 0;
-  if (nk > 0) {
-    const char** next_kv = reinterpret_cast<const char**>(scratch + layout.next_kv);
-    for (int i = 0; i < nk; ++i) next_kv[i] = reinterpret_cast<const char*>(K + next_spans[i].k_offset);
-    for (int i = 0; i < nv; ++i)
-      next_kv[nk + i] = reinterpret_cast<const char*>(V + next_spans[i].v_offset);
-    pf.blocks = next_kv;
-    pf.nblocks = nk + nv;
-    pf.nfirst = nk;
-    pf.mem = s.k_mem;
-    pf.mem_rest = s.v_mem;
-    const int first_tile = tile_heads(G, 0, Isa::kRowPvHeads);
-    const int steps = F == KvForm::kTokenMajor
-                          ? std::max(1, token_pv_steps(spans, nspans, G, s.D))
-                          : s.D / Isa::pv_rows(first_tile, s.D % 8 == 0) * nspans;
-    const int64_t lines = nk * s.k_mem.lines() + nv * s.v_mem.lines();
-    pf.lines_per_step = static_cast<int>((lines + steps - 1) / steps);
-  }
-  float* v_ahead = scratch + layout.v_ahead;
-  const bool v_prefetched = *v_ahead == 1.0f;  // by the item before
-  *v_ahead = nv > 0 ? 1.0f : 0.0f;
+  if (short_item) {
+    *(scratch + layout.v_ahead) = 0.0f;  // nothing of the next item prefetched
+    short_qk<Cache, F>(K, V, spans, nspans, q, in.qk_scale, s, G, lo, logits, short_rows);
+  } else {
+    // qs[g][d] = qk_scale * q[h0 + g][d] for d < Dq (0 past D); for BF16Dot, the bf16 bits of
+    // q[h0 + g][d] (exact: the query is bf16, its fp32 copy's top half) and QK scales the sums.
+    if constexpr (kBf16Dot) {
+      auto* qb = reinterpret_cast<uint16_t*>(qs);
+      for (int64_t i = 0; i < static_cast<int64_t>(G) * s.D; ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, q + i, sizeof(bits));
+        qb[i] = static_cast<uint16_t>(bits >> 16);
+      }
+    } else {
+      const Vec scale = Isa::set1(in.qk_scale);
+      for (int g = 0; g < G; ++g)
+        for (int d = 0; d < s.Dq; d += 16)  // lanes past D load 0
+          Isa::store(qs + g * s.Dq + d,
+                     Isa::mul(scale, Isa::load(q + g * s.D + d, Isa::lanes(0, s.D - d))),
+                     Isa::lanes(0, 16));
+    }
 
-  // QK, one pass over K for all heads (a block's K stays in L1 across the head tiles).
-  constexpr int kAhead = 4;
-  for (int i = 0; i < std::min(kAhead, nspans); ++i)
-    prefetch_lines(reinterpret_cast<const char*>(K + spans[i].k_offset), s.k_mem, 0,
-                   s.k_mem.lines());
-  for (int i = 0; i < nspans; ++i) {
-    const char* pf_k = i + kAhead < nspans
-                           ? reinterpret_cast<const char*>(K + spans[i + kAhead].k_offset)
-                           : nullptr;
-    const char* pf_v = v_prefetched ? nullptr : reinterpret_cast<const char*>(V + spans[i].v_offset);
-    for (int g0 = 0; g0 < G;) {
-      const int gt = tile_heads(G, g0, Isa::kQkHeads);
-      const float* qs_tile = kBf16Dot ? qs + static_cast<int64_t>(g0) * s.D / 2  // 2 bf16 a float
-                                      : qs + static_cast<int64_t>(g0) * s.Dq;
-      qk_tile<Cache, F>(gt, K + spans[i].k_offset, qs_tile, in.qk_scale, s,
-                     logits + static_cast<int64_t>(g0) * s.L + spans[i].buf, pf_k, pf_v);
-      pf_k = pf_v = nullptr;  // once per block
-      g0 += gt;
+    // The next work item, prefetched during this item's PV (memory is otherwise idle while PV
+    // reads V from L2), a few lines per PV step (vLLM's layout: the first head tile's steps;
+    // token-major: all of PV's, its head tiles take turns per block): its K, what fits in
+    // kPrefetchBudget beside this item's V; and, token-major, when this item's and the next one's
+    // K and V all fit (short rows), its V after its K. An item of a few blocks otherwise finds its
+    // V in memory at PV: prefetched only while its own K is scored, V comes too late. That item's
+    // QK then prefetches no V (v_ahead).
+    Span* next_spans = spans + max_spans;
+    const int n_next =
+        next != nullptr && nspans > 0 ? partition_spans(p, *next, s.bs, next_spans) : 0;
+    const int nk = static_cast<int>(
+        std::clamp<int64_t>((kPrefetchBudget - nspans * s.kv_bytes) / s.kv_bytes, 0, n_next));
+    const int nv = F == KvForm::kTokenMajor && n_next > 0 &&
+                           2 * (nspans + n_next) * s.kv_bytes <= kPrefetchBudget
+                       ? n_next
+                       : 0;
+    if (nk > 0) {
+      const char** next_kv = reinterpret_cast<const char**>(scratch + layout.next_kv);
+      for (int i = 0; i < nk; ++i)
+        next_kv[i] = reinterpret_cast<const char*>(K + next_spans[i].k_offset);
+      for (int i = 0; i < nv; ++i)
+        next_kv[nk + i] = reinterpret_cast<const char*>(V + next_spans[i].v_offset);
+      pf.blocks = next_kv;
+      pf.nblocks = nk + nv;
+      pf.nfirst = nk;
+      pf.mem = s.k_mem;
+      pf.mem_rest = s.v_mem;
+      const int first_tile = tile_heads(G, 0, Isa::kRowPvHeads);
+      const int steps = F == KvForm::kTokenMajor
+                            ? std::max(1, token_pv_steps(spans, nspans, G, s.D))
+                            : s.D / Isa::pv_rows(first_tile, s.D % 8 == 0) * nspans;
+      const int64_t lines = nk * s.k_mem.lines() + nv * s.v_mem.lines();
+      pf.lines_per_step = static_cast<int>((lines + steps - 1) / steps);
+    }
+    float* v_ahead = scratch + layout.v_ahead;
+    const bool v_prefetched = *v_ahead == 1.0f;  // by the item before
+    *v_ahead = nv > 0 ? 1.0f : 0.0f;
+
+    // QK, one pass over K for all heads (a block's K stays in L1 across the head tiles).
+    constexpr int kAhead = 4;
+    for (int i = 0; i < std::min(kAhead, nspans); ++i)
+      prefetch_lines(reinterpret_cast<const char*>(K + spans[i].k_offset), s.k_mem, 0,
+                     s.k_mem.lines());
+    for (int i = 0; i < nspans; ++i) {
+      const char* pf_k = i + kAhead < nspans
+                             ? reinterpret_cast<const char*>(K + spans[i + kAhead].k_offset)
+                             : nullptr;
+      const char* pf_v =
+          v_prefetched ? nullptr : reinterpret_cast<const char*>(V + spans[i].v_offset);
+      for (int g0 = 0; g0 < G;) {
+        const int gt = tile_heads(G, g0, Isa::kQkHeads);
+        const float* qs_tile = kBf16Dot ? qs + static_cast<int64_t>(g0) * s.D / 2  // 2 bf16 a float
+                                        : qs + static_cast<int64_t>(g0) * s.Dq;
+        qk_tile<Cache, F>(gt, K + spans[i].k_offset, qs_tile, in.qk_scale, s,
+                       logits + static_cast<int64_t>(g0) * s.L + spans[i].buf, pf_k, pf_v);
+        pf_k = pf_v = nullptr;  // once per block
+        g0 += gt;
+      }
     }
   }
 
@@ -804,7 +884,9 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
     }
     float mx, sum;
     softmax_in_place(l, lo, hi, &mx, &sum);
-    if constexpr (kBf16Dot) IsaFor<Cache>::type::probs_to_bf16(l, lo, hi);
+    if constexpr (kBf16Dot) {
+      if (!short_item) IsaFor<Cache>::type::probs_to_bf16(l, lo, hi);
+    }
     in.max_logits[row0 + static_cast<int64_t>(g) * in.num_partitions] = mx;
     in.exp_sums[row0 + static_cast<int64_t>(g) * in.num_partitions] = sum;
     norm[g] = sum > 0.0f ? in.v_scale / sum : 0.0f;  // sum >= 1 unless nothing was attended
@@ -812,7 +894,9 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
 
   float* out = in.part_out + row0 * s.D;
   const int64_t out_stride = static_cast<int64_t>(in.num_partitions) * s.D;
-  if constexpr (F == KvForm::kTokenMajor) {
+  if (short_item) {
+    short_pv(logits, short_rows + kShortTokens * s.Dq, hi - lo, s, G, lo, norm, out, out_stride);
+  } else if constexpr (F == KvForm::kTokenMajor) {
     pv_token_major<Cache>(V, spans, nspans, logits, s, G, norm, out, out_stride, pf);
   } else {
     for (int g0 = 0; g0 < G;) {
