@@ -56,9 +56,9 @@ def _entry_points(vllm, nhd):
               nhd.scale, None, "auto")
 
     def v2_call(op):
-        exp_sums = torch.empty(s.batch, s.heads, 1)
+        exp_sums, max_logits = torch.empty(s.batch, s.heads, 1), torch.empty(s.batch, s.heads, 1)
         tmp_out = torch.empty(s.batch, s.heads, 1, s.head)
-        return lambda: (op(out, exp_sums, exp_sums.clone(), tmp_out, *common, 1.0, 1.0), out)[1]
+        return lambda: (op(out, exp_sums, max_logits, tmp_out, *common, 1.0, 1.0), out)[1]
 
     return (
         ("paged_attn.v1(...) float scales", "the packet, as vLLM's own code calls its ops",
