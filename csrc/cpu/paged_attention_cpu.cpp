@@ -9,7 +9,8 @@
 //          only for parallelism, so its `out` equals v2's).
 // Phase 2: per (sequence, head), weights from core/compound_state.h's partition_weights, out =
 //          sum_p w_p * out_p rounded once to the query dtype; v2 also stores tmp_out (query dtype)
-//          for the partitions p < ceil(seq_len / 512). Rows with seq_len == 0 get zeros.
+//          for the partitions p < ceil(seq_len / 512). Rows with seq_len == 0 get zeros. With
+//          one partition and fp32 `out`, phase 1 writes `out` itself ("direct").
 #include "paged_attention_cpu.h"
 
 #include <ATen/Parallel.h>
@@ -125,10 +126,10 @@ void paged_attention(const PagedAttentionParams& p, bool is_v2, PartitionKernel 
   const int64_t rows = static_cast<int64_t>(p.num_seqs) * p.num_heads;
   // v1 / decode: the partitions' max and sum in an internal [2, rows, P] array.
   const std::unique_ptr<float[]> stats(is_v2 ? nullptr : new float[2 * rows * P]);
-  // v1 / decode with one partition per row and an fp32 `out`: a partition's output, normalised by
-  // its own sum, IS the row's output (weight 1), so the kernel writes `out` and phase 2 only
-  // zeroes the rows of sequences with no tokens.
-  const bool direct = !is_v2 && P == 1 && p.scalar_kind == ScalarKind::kFloat32;
+  // One partition per row and an fp32 `out`: a partition's output, normalised by its own sum, IS
+  // the row's output (weight 1), so the kernel writes `out` and phase 2 only zeroes the rows of
+  // sequences with no tokens (v2: and copies the other rows to tmp_out, its partition 0).
+  const bool direct = P == 1 && p.scalar_kind == ScalarKind::kFloat32;
   const std::unique_ptr<float[]> part_out(direct ? nullptr : new float[rows * P * p.head_size]);
 
   KernelInputs in;
@@ -150,10 +151,14 @@ void paged_attention(const PagedAttentionParams& p, bool is_v2, PartitionKernel 
   });
 
   if (direct) {
-    for (int s = 0; s < p.num_seqs; ++s)
+    const int64_t seq_floats = static_cast<int64_t>(p.num_heads) * p.head_size;
+    for (int s = 0; s < p.num_seqs; ++s) {
+      float* out = static_cast<float*>(p.out) + s * seq_floats;
       if (p.seq_lens[s] == 0)
-        std::fill_n(static_cast<float*>(p.out) + static_cast<int64_t>(s) * p.num_heads * p.head_size,
-                    static_cast<int64_t>(p.num_heads) * p.head_size, 0.0f);
+        std::fill_n(out, seq_floats, 0.0f);
+      else if (is_v2)
+        std::copy_n(out, seq_floats, static_cast<float*>(p.tmp_out) + s * seq_floats);
+    }
     return;
   }
   switch (p.scalar_kind) {

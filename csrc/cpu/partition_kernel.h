@@ -692,11 +692,15 @@ inline void gather_token(const typename Cache::storage* slice, bool is_key, cons
     for (int d = 0; d < s.Dq; d += 16)
       Isa::store(row + d, Isa::template load_cache<E>(t + d, Isa::lanes(0, s.D - d)),
                  Isa::lanes(0, 16));
-  } else {  // K: X dims of a token every s.R elements; V: one dim every s.bs elements
+  } else if (is_key) {  // X dims of the token every s.R elements
     constexpr int X = form_x<Cache, F>();
-    for (int d = 0; d < s.D; ++d)
-      row[d] = E::decode(is_key ? slice[static_cast<int64_t>(d / X) * s.R + slot * X + d % X]
-                                : slice[static_cast<int64_t>(d) * s.bs + slot]);
+    const auto* k = slice + slot * X;
+    for (int c = 0; c < s.D / X; ++c, k += s.R)
+      for (int i = 0; i < X; ++i) row[c * X + i] = E::decode(k[i]);
+    for (int d = s.D; d < s.Dq; ++d) row[d] = 0.0f;
+  } else {  // one dim every s.bs elements
+    const auto* v = slice + slot;
+    for (int d = 0; d < s.D; ++d, v += s.bs) row[d] = E::decode(*v);
     for (int d = s.D; d < s.Dq; ++d) row[d] = 0.0f;
   }
 }
