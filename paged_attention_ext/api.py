@@ -25,13 +25,13 @@ Scale = Union[float, torch.Tensor]
 
 def num_partitions(max_seq_len: int) -> int:
     """v2 scratch size: partitions of PARTITION_SIZE tokens covering max_seq_len (at least 1)."""
-    return max(1, math.ceil(max_seq_len / PARTITION_SIZE))
+    return max(1, -(-max_seq_len // PARTITION_SIZE))
 
 
 def use_v1(max_seq_len: int, num_seqs: int, num_heads: int) -> bool:
-    """vLLM's choice between the single-pass v1 and the partitioned v2 (it counts QUERY heads)."""
-    max_num_partitions = num_partitions(max_seq_len)
-    return max_seq_len <= 8192 and (max_num_partitions == 1 or num_seqs * num_heads > 512)
+    """vLLM's choice between the single-pass v1 and the partitioned v2 (it counts QUERY heads):
+    v1 up to 8192 tokens when the rows fit one partition or there are over 512 rows."""
+    return max_seq_len <= 8192 and (max_seq_len <= PARTITION_SIZE or num_seqs * num_heads > 512)
 
 
 def choose_version(device: torch.device, max_seq_len: int, num_seqs: int, num_heads: int,
@@ -45,7 +45,7 @@ def choose_version(device: torch.device, max_seq_len: int, num_seqs: int, num_he
     longest row needs (then most of v1's partitions would lie past the rows, while v2's 512-token
     partitions follow max_seq_len), where vLLM's rule decides. Elsewhere: vLLM's rule (use_v1).
     """
-    if device.type == "cuda" and row_capacity <= 2 * max(max_seq_len, PARTITION_SIZE):
+    if row_capacity <= 2 * max(max_seq_len, PARTITION_SIZE) and device.type == "cuda":
         return "v1"
     return "v1" if use_v1(max_seq_len, num_seqs, num_heads) else "v2"
 
@@ -92,11 +92,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         raise ValueError(f"paged_attention: version must be 'v1', 'v2' or 'auto', got {version!r}")
     if out is None:
         out = torch.empty_like(query, memory_format=torch.contiguous_format)
-    args = op_args.V1Args(out, query, key_cache, value_cache, num_kv_heads, scale, block_tables,
-                          seq_lens, block_size, max_seq_len, alibi_slopes, kv_cache_dtype,
-                          k_scale, v_scale, tp_rank, blocksparse_local_blocks,
-                          blocksparse_vert_stride, blocksparse_block_size,
-                          blocksparse_head_sliding_step)
+    scratch = ()
     if version == "v2":
         # The scratch is sized from max_seq_len: a longer row would be the op's error about a
         # tmp_out the caller never made. Checked where reading seq_lens costs no device sync.
@@ -109,19 +105,24 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         partitions = num_partitions(max_seq_len)
         exp_sums = torch.empty(num_seqs, num_heads, partitions, dtype=torch.float32,
                                device=query.device)
-        max_logits = torch.empty_like(exp_sums)
-        tmp_out = torch.empty(num_seqs, num_heads, partitions, head_size, dtype=query.dtype,
-                              device=query.device)
-        args = op_args.with_scratch(args, exp_sums, max_logits, tmp_out)
-    _run(version, args, validate)
+        scratch = (exp_sums, torch.empty_like(exp_sums),
+                   torch.empty(num_seqs, num_heads, partitions, head_size, dtype=query.dtype,
+                               device=query.device))
+    # v1's arguments, v2's = v1's with the scratch after `out` (schemas.py)
+    _run(version, (out, *scratch, query, key_cache, value_cache, num_kv_heads, scale,
+                   block_tables, seq_lens, block_size, max_seq_len, alibi_slopes, kv_cache_dtype,
+                   k_scale, v_scale, tp_rank, blocksparse_local_blocks, blocksparse_vert_stride,
+                   blocksparse_block_size, blocksparse_head_sliding_step), validate)
     return out
 
 
 def _run(op, args, validate):
-    """torch.ops.paged_attn.<op>(*args), after the argument and data checks when `validate`."""
+    """torch.ops.paged_attn.<op>(*args) (args: the op's arguments in schema order, all given),
+    after the argument and data checks when `validate`."""
     if validate:
-        validation.check_args(op, args)
-        validation.check_data(op, args)
+        record = op_args.ARGS[op](*args)
+        validation.check_args(op, record)
+        validation.check_data(op, record)
     op_args.call_op(op, args)
 
 
@@ -196,10 +197,9 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
         scale = 1.0 / math.sqrt(query.shape[-1])
     if out is None:
         out = torch.empty_like(query, memory_format=torch.contiguous_format)
-    args = op_args.DecodeArgs(out, query, key_cache, value_cache, block_tables, seq_lens, scale,
-                              alibi_slopes, kv_cache_dtype, k_scale, v_scale)
     try:
-        _run("decode", args, validate)
+        _run("decode", (out, query, key_cache, value_cache, block_tables, seq_lens, scale,
+                        alibi_slopes, kv_cache_dtype, k_scale, v_scale), validate)
     except ValueError as error:  # a shape error may be a layout mix-up: say which was assumed
         raise ValueError(f"{error} (paged_decode read the caches as kv_layout={kv_layout!r}: "
                          "pass the layout they were allocated with)") from error

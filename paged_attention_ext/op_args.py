@@ -93,22 +93,35 @@ def with_scratch(args, exp_sums, max_logits, tmp_out):
     return V2Args(**args._asdict(), exp_sums=exp_sums, max_logits=max_logits, tmp_out=tmp_out)
 
 
+# op -> (default overload, packet, `.scale_tensor` overload), indexed by how many of the two
+# scales are tensors; filled on first use (the ops are registered after this module loads).
+_BY_TENSOR_SCALES = {}
+
+
 def overload(op, k_scale=1.0, v_scale=1.0):
     """The overload of torch.ops.paged_attn.<op> that torch.ops would pick for these scales,
     named directly: `.scale_tensor` for two tensors, the default one for two numbers, else the
     packet itself (torch resolves mixed scales). The packet makes the same choice
     (_registration.py); naming the overload skips that Python step."""
-    packet = getattr(getattr(torch.ops, schemas.LIBRARY), op)
-    tensors = isinstance(k_scale, torch.Tensor) + isinstance(v_scale, torch.Tensor)
-    if tensors == 2:
-        return getattr(packet, schemas.TENSOR_SCALES_OVERLOAD)
-    return packet.default if tensors == 0 else packet
+    choices = _BY_TENSOR_SCALES.get(op)
+    if choices is None:
+        packet = getattr(getattr(torch.ops, schemas.LIBRARY), op)
+        choices = (packet.default, packet, getattr(packet, schemas.TENSOR_SCALES_OVERLOAD))
+        _BY_TENSOR_SCALES[op] = choices
+    return choices[isinstance(k_scale, torch.Tensor) + isinstance(v_scale, torch.Tensor)]
+
+
+# Where k_scale and v_scale sit in each op's arguments.
+_SCALE_INDEX = {op: (record._fields.index("k_scale"), record._fields.index("v_scale"))
+                for op, record in ARGS.items()}
 
 
 def call_op(op, args):
-    """torch.ops.paged_attn.<op>(*args), args a record of ARGS[op]: its overload for args'
-    scales (overload), then the dispatcher picks the backend."""
-    return overload(op, args.k_scale, args.v_scale)(*args)
+    """torch.ops.paged_attn.<op>(*args), args all of the op's arguments in schema order (a record
+    of ARGS[op] or a plain tuple): its overload for args' scales (overload), then the dispatcher
+    picks the backend."""
+    k_index, v_index = _SCALE_INDEX[op]
+    return overload(op, args[k_index], args[v_index])(*args)
 
 
 def signature(op, record=None):
