@@ -10,10 +10,10 @@ Environment:
     PAGED_ATTN_BUILD_CUDA  auto (default: CUDA torch + nvcc found) | 1 (require) | 0 (CPU only)
     TORCH_CUDA_ARCH_LIST   always wins when set. Unset: the archs of the GPUs visible now (+PTX of
                            the newest), or with no GPU visible "7.5;8.0;9.0;10.0;12.0+PTX" (T4 to
-                           Blackwell; paged_attention_ext/tools/cuda_arch.py, docs/BUILD.md)
+                           Blackwell; build_helpers/cuda_build.py, docs/BUILD.md)
     CUDA_HOME              default /usr/local/cuda when that folder exists
     CXX                    the C++ compiler (torch's default: c++); its OpenMP flags are probed
-                           (paged_attention_ext/tools/openmp_flags.py; docs/BUILD.md, "OpenMP")
+                           (build_helpers/openmp_flags.py; docs/BUILD.md, "OpenMP")
     DEBUG=1                -O0 -g;  MAX_JOBS  parallel compile jobs (ninja)
     PAGED_ATTN_SANITIZE=1  AddressSanitizer + UndefinedBehaviorSanitizer on the C++ code (CPU-only
                            build in build/temp-sanitize; scripts/ci/sanitize.sh runs the tests on it)
@@ -73,10 +73,10 @@ def want_cuda() -> bool:
     return available
 
 
-def _tool_module(name: str):
-    """paged_attention_ext/tools/<name>.py, loaded by path (importing the package would load a
-    possibly stale _C)."""
-    path = os.path.join(ROOT, "paged_attention_ext", "tools", name + ".py")
+def _build_helper(name: str):
+    """build_helpers/<name>.py, loaded by path (importing the package would load a possibly stale
+    _C)."""
+    path = os.path.join(ROOT, "build_helpers", name + ".py")
     spec = importlib.util.spec_from_file_location("_paged_attn_" + name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
@@ -85,13 +85,13 @@ def _tool_module(name: str):
 
 
 def cuda_arch_flags() -> list:
-    """nvcc's -gencode flags for the resolved arch list (cuda_arch.resolve_build: an explicit
+    """nvcc's -gencode flags for the resolved arch list (cuda_build.resolve_build: an explicit
     TORCH_CUDA_ARCH_LIST, else the visible GPUs + PTX of the newest, else the default list), plus
     -DPAGED_ATTN_CUDA_ARCHS naming the same images (csrc/cuda/build_info.cu: the run-time check
     in ops_cuda.cpp and build_info()). The
     flags are torch's own translation of the list; passing them explicitly stops torch from
     adding its own (and from failing when no GPU is visible)."""
-    archs, why, flags, targets = _tool_module("cuda_arch").resolve_build(
+    archs, why, flags, targets = _build_helper("cuda_build").resolve_build(
         os.environ.get("TORCH_CUDA_ARCH_LIST"))
     if not targets:
         sys.exit(f"paged_attention_ext: TORCH_CUDA_ARCH_LIST={archs!r} gave no -gencode flags")
@@ -144,7 +144,7 @@ def extension():
         "csrc/cpu/*.cpp")
     # OpenMP: at::parallel_for's OpenMP body is inline in ATen headers, so it must be compiled
     # with OpenMP here or every "parallel" region runs on one thread.
-    omp = _tool_module("openmp_flags").openmp_flags(os.environ.get("CXX", "c++"))
+    omp = _build_helper("openmp_flags").openmp_flags(os.environ.get("CXX", "c++"))
     if omp is None:
         print("paged_attention_ext: WARNING: the C++ compiler "
               f"({os.environ.get('CXX', 'c++')}) compiles no OpenMP program: building without "
@@ -153,8 +153,8 @@ def extension():
               file=sys.stderr)
         omp = ([], [])
     cxx_flags = opt + sanitize + omp[0]
-    # The shared libstdc++ before the compiler's own (tools/libstdcxx_flags.py says why).
-    link_flags = sanitize + omp[1] + _tool_module("libstdcxx_flags").libstdcxx_link_flags(
+    # The shared libstdc++ before the compiler's own (build_helpers/libstdcxx_flags.py says why).
+    link_flags = sanitize + omp[1] + _build_helper("libstdcxx_flags").libstdcxx_link_flags(
         os.environ.get("CXX", "c++"))
     kwargs = dict(
         name="paged_attention_ext._C",
@@ -163,9 +163,9 @@ def extension():
         py_limited_api=True,
     )
     if want_cuda():
-        cuda_arch = _tool_module("cuda_arch")
-        code_flags, defines = cuda_arch.device_code_flags(
-            os.environ, cuda_arch.nvcc_has_compress_mode(
+        cuda_build = _build_helper("cuda_build")
+        code_flags, defines = cuda_build.device_code_flags(
+            os.environ, cuda_build.nvcc_has_compress_mode(
                 os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc")))
         # PAGED_ATTN_WITH_CUDA: module.cpp's build_info() reports the CUDA part (cuda/build_info.h).
         cxx_flags = cxx_flags + ["-DPAGED_ATTN_WITH_CUDA"] + defines

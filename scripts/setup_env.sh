@@ -98,7 +98,7 @@ TORCH_VERSION="$("$PY" -c 'import torch; print(torch.__version__)')"
 STAMP_FILE="build/.paged_attn_build_stamp"
 # The visible GPUs' archs too: with TORCH_CUDA_ARCH_LIST unset the build targets them.
 STAMP="$( (echo "$TORCH_VERSION $WANT_CUDA ${TORCH_CUDA_ARCH_LIST:-} $GPU_ARCHS ${PAGED_ATTN_CUDA_BASELINE:-0} ${PAGED_ATTN_CUDA_LINEINFO:-0}";
-           find csrc setup.py pyproject.toml paged_attention_ext/tools/cuda_arch.py paged_attention_ext/schemas.py -type f | sort | xargs sha256sum) | sha256sum | cut -d' ' -f1)"
+           find csrc setup.py pyproject.toml build_helpers paged_attention_ext/schemas.py -type f | sort | xargs sha256sum) | sha256sum | cut -d' ' -f1)"
 if [[ ! -f "$STAMP_FILE" || "$(cat "$STAMP_FILE")" != "$STAMP" ]] || ! ls paged_attention_ext/_C*.so >/dev/null 2>&1; then
   export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
   # build_ext --inplace is incremental (pinned build folder) and puts _C next to the package; its

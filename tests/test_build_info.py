@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from support import fatbin
+from support import build_helpers, fatbin
 import paged_attention_ext as pa
 from paged_attention_ext import core, schemas
 from paged_attention_ext.tools import backends
@@ -190,16 +190,15 @@ def test_fatbin_archs_reads_entries():
 def test_the_default_arch_list_gives_the_images_build_info_reports(tmp_path, monkeypatch):
     """What a build with no GPU visible and no TORCH_CUDA_ARCH_LIST compiles (the default list:
     `pip install .`, wheels, PAGED_ATTN_BUILD_CUDA=1): the image names setup.py compiles into
-    build_info() (cuda_arch.resolve_build) are the images nvcc writes with the build's own
+    build_info() (cuda_build.resolve_build) are the images nvcc writes with the build's own
     -gencode and device-code flags, in build_info()'s order. One small kernel stands in for the
     extension, so every run with nvcc checks the newcomer's list, not only CI's arch."""
-    from paged_attention_ext.tools import cuda_arch
-
+    cuda_build = build_helpers.load("cuda_build")
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
-    monkeypatch.setattr(cuda_arch, "visible_capabilities", lambda: ([], None))
-    archs, _, gencode, targets = cuda_arch.resolve_build(None)
-    assert archs == cuda_arch.DEFAULT_ARCH_LIST
-    code_flags, _ = cuda_arch.device_code_flags({}, cuda_arch.nvcc_has_compress_mode("nvcc"))
+    monkeypatch.setattr(cuda_build, "visible_capabilities", lambda: ([], None))
+    archs, _, gencode, targets = cuda_build.resolve_build(None)
+    assert archs == cuda_build.DEFAULT_ARCH_LIST
+    code_flags, _ = cuda_build.device_code_flags({}, cuda_build.nvcc_has_compress_mode("nvcc"))
     src = tmp_path / "k.cu"
     src.write_text("__global__ void k(float* x) { x[threadIdx.x] += 1.f; }\n")
     lib = tmp_path / "k.so"

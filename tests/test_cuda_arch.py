@@ -1,11 +1,11 @@
 """Which GPUs a CUDA build runs on: the decision logic, on the CPU (no GPU is needed or used).
 
-paged_attention_ext/tools/cuda_arch.py (setup.py's arch list, `info`) and csrc/core/cuda_arch.h (the
-check the CUDA ops run before their first launch on a device) are fed the same table of fake
-compiled-image lists and compute capabilities, and must both give the expected answer and the
-same error text. The default arch list is checked through torch's own translation into nvcc
-flags. When the extension was built with CUDA kernels, the image list compiled into the run-time
-check must equal the images actually in the library.
+paged_attention_ext/tools/cuda_arch.py (`info`) and csrc/core/cuda_arch.h (the check the CUDA ops
+run before their first launch on a device) are fed the same table of fake compiled-image lists
+and compute capabilities, and must both give the expected answer and the same error text. The
+build's arch list (build_helpers/cuda_build.py) is checked through torch's own translation into
+nvcc flags. When the extension was built with CUDA kernels, the image list compiled into the
+run-time check must equal the images actually in the library.
 """
 
 import os
@@ -16,11 +16,15 @@ import textwrap
 
 import pytest
 
-from support import fatbin
+from support import build_helpers, fatbin
 from paged_attention_ext.tools import backends, cuda_arch
-from paged_attention_ext.tools.cuda_arch import (DEFAULT_ARCH_LIST, Target, match,
-                                                 mismatch_message, parse_target, parse_targets,
-                                                 resolve_arch_list, targets_from_gencode)
+from paged_attention_ext.tools.cuda_arch import (Target, match, mismatch_message, parse_target,
+                                                 parse_targets)
+
+cuda_build = build_helpers.load("cuda_build")
+DEFAULT_ARCH_LIST = cuda_build.DEFAULT_ARCH_LIST
+resolve_arch_list = cuda_build.resolve_arch_list
+targets_from_gencode = cuda_build.targets_from_gencode
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_TARGETS = "sm_75,sm_80,sm_90,sm_100,sm_120,compute_120"
@@ -153,8 +157,7 @@ def test_mismatch_message_names_everything():
 
 def test_cmake_helper_prints_the_resolved_list():
     env = dict(os.environ, TORCH_CUDA_ARCH_LIST="7.5;12.0+PTX")
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "paged_attention_ext", "tools",
-                                                        "cuda_arch.py"), "resolve"],
+    proc = subprocess.run([sys.executable, build_helpers.path("cuda_build"), "resolve"],
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["7.5;12.0+PTX", "sm_75:sm_120:compute_120"]

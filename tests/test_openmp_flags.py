@@ -1,4 +1,4 @@
-"""The build's OpenMP probe (paged_attention_ext/tools/openmp_flags.py): the flags it returns are
+"""The build's OpenMP probe (build_helpers/openmp_flags.py): the flags it returns are
 the first candidate the compiler really compiles and links an OpenMP program with, and None when
 there is none, so setup.py builds without OpenMP and says so instead of failing. Stand-in
 compilers are shell scripts that refuse what a real compiler refuses and pass the rest to c++."""
@@ -9,7 +9,9 @@ import stat
 
 import pytest
 
-from paged_attention_ext.tools import openmp_flags
+from support import build_helpers
+
+openmp_flags = build_helpers.load("openmp_flags")
 
 CXX = shutil.which("c++") or shutil.which("g++")
 pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler")

@@ -43,7 +43,7 @@ def test_sdist_holds_every_source_the_build_needs(tmp_path):
     import paged_attention_ext
     assert f"\nVersion: {paged_attention_ext.__version__}\n" in pkg_info
     needed = {path for path in tracked
-              if path.startswith(("csrc/", "docs/", "paged_attention_ext/"))
+              if path.startswith(("build_helpers/", "csrc/", "docs/", "paged_attention_ext/"))
               or path in ("setup.py", "pyproject.toml", "CMakeLists.txt", "README.md", "LICENSE")}
     missing = sorted(needed - in_sdist)
     assert not missing, f"missing from the sdist: {missing}"

@@ -7,5 +7,5 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 DEST="${1:?usage: copy_tree.sh DEST}"
 mkdir -p "$DEST"
 tar -C "$ROOT" -c --exclude='_C*.so' --exclude=__pycache__ \
-  csrc docs paged_attention_ext scripts tests setup.py pyproject.toml README.md LICENSE \
+  build_helpers csrc docs paged_attention_ext scripts tests setup.py pyproject.toml README.md LICENSE \
   | tar -C "$DEST" -x

@@ -7,7 +7,7 @@
 #
 # Usage: scripts/ci/cuda_arch_smoke.sh [output file]      (default build/cuda_arch_smoke.txt)
 # Env:   SMOKE_ARCHS  default "7.5;8.0;9.0;10.0;12.0": the archs of the default build list
-#                     (paged_attention_ext/tools/cuda_arch.py); CI's CUDA build compiles every
+#                     (build_helpers/cuda_build.py); CI's CUDA build compiles every
 #                     file for 9.0 (scripts/ci/cuda_build.sh)
 #        SMOKE_FILES  default "attention_bfloat16_auto*.cu attention_bfloat16_fp8e4m3_d4.cu
 #                     reshape_and_cache.cu" (globs of names

@@ -5,7 +5,7 @@
 # Usage: scripts/ci/cuda_resource_report.sh [output file]   (default build/cuda_resource_report.txt;
 #        CI writes it from its CUDA build, scripts/ci/cuda_build.sh)
 # Env:   TORCH_CUDA_ARCH_LIST (default: the build's default list, DEFAULT_ARCH_LIST in
-#        paged_attention_ext/tools/cuda_arch.py), NVCC (default nvcc on PATH or /usr/local/bin),
+#        build_helpers/cuda_build.py), NVCC (default nvcc on PATH or /usr/local/bin),
 #        JOBS (parallel nvcc processes, default 2), ONLY (space-separated globs of .cu names,
 #        default all),
 #        FROM_LOG (parse this build log instead of compiling, e.g. the output of
@@ -20,7 +20,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT="${1:-$ROOT/build/cuda_resource_report.txt}"
 NVCC="${NVCC:-$(command -v nvcc || echo /usr/local/bin/nvcc)}"
-DEFAULT_ARCHS="$(sed -n 's/^DEFAULT_ARCH_LIST = "\(.*\)"$/\1/p' "$ROOT/paged_attention_ext/tools/cuda_arch.py")"
+DEFAULT_ARCHS="$(sed -n 's/^DEFAULT_ARCH_LIST = "\(.*\)"$/\1/p' "$ROOT/build_helpers/cuda_build.py")"
 ARCHS="${TORCH_CUDA_ARCH_LIST:-$DEFAULT_ARCHS}"
 JOBS="${JOBS:-2}"
 WORK="$(mktemp -d)"

@@ -34,12 +34,14 @@ echo "test_clang: built with $(clang++ --version | head -1) in $((SECONDS - t0))
 # What this run claims: clang's library, OpenMP exactly as the probe finds it, and the warning
 # on import exactly when it has none.
 "$PYTHON" - <<'EOF'
+import sys
 import warnings
 
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     import paged_attention_ext as pa
-from paged_attention_ext.tools.openmp_flags import openmp_flags
+sys.path.insert(0, "build_helpers")
+from openmp_flags import openmp_flags
 
 assert pa.extension_loaded(), pa.extension_status()
 build = pa.build_info()
