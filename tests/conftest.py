@@ -1,5 +1,7 @@
-"""Shared pytest setup: the `slow` marker, tests/ on sys.path (for the helpers of tests/support),
-the fixture that hands out the registered torch.ops.paged_attn ops and the fallback's chunkings."""
+"""Shared pytest setup: the `slow` and `backends` markers, tests/ on sys.path (for the helpers of
+tests/support), the fixture that hands out the registered torch.ops.paged_attn ops, the `backend`
+fixture (one param per backend of this build: tests/support/backend_params.py) and the fallback's
+chunkings."""
 
 import os
 import sys
@@ -20,6 +22,46 @@ def pytest_configure(config):
     # Also declared in pyproject.toml; repeated here so the suite runs from any rootdir.
     config.addinivalue_line("markers", "slow: not in the default test command (scripts/test.sh): "
                             "long runs and the builds of separate programs; --all runs them too")
+    config.addinivalue_line("markers", "backends(cpu_variants=True, chunkings=False, "
+                            "slow_off_gpu=False): which params the `backend` fixture gives the "
+                            "test (tests/support/backend_params.py params())")
+
+
+def pytest_generate_tests(metafunc):
+    """A test taking `backend` runs once per backend of this build (backend_params.params, with
+    the test's `backends` marker as its arguments), unless the test parametrizes `backend`
+    itself (a plain argument of its own)."""
+    def names(mark):
+        argnames = mark.args[0]
+        return argnames if isinstance(argnames, (list, tuple)) else argnames.replace(" ", "").split(",")
+
+    own = any("backend" in names(m) for m in metafunc.definition.iter_markers("parametrize"))
+    if "backend" in metafunc.fixturenames and not own:
+        from support import backend_params
+
+        marker = metafunc.definition.get_closest_marker("backends")
+        metafunc.parametrize("backend", backend_params.params(**(marker.kwargs if marker else {})),
+                             indirect=True)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """item.passed_call: whether the test itself passed (read by fixtures at teardown)."""
+    report = (yield).get_result()
+    if report.when == "call":
+        item.passed_call = report.passed
+
+
+@pytest.fixture
+def backend(request, monkeypatch):
+    """The backend request.param names (backend_params.Param), made the one that runs: a
+    backend_params.Backend. Skipped where this machine cannot run it; a CUDA kernel choice is
+    proven afterwards to have been the kernel that ran."""
+    from support import backend_params
+
+    with backend_params.activate(request.param, monkeypatch,
+                                 lambda: getattr(request.node, "passed_call", False)) as active:
+        yield active
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -59,20 +101,18 @@ def paged_ops():
     return registered_ops()
 
 
-# The fallback's chunkings (paged_attention_ext/fallback.py CHUNK_BYTES, PASS_LOGIT_BYTES), for the
-# tests of the PyTorch implementation: (CHUNK_BYTES, PASS_LOGIT_BYTES) of one partition of one row
-# per sub-chunk and per pass; the same sub-chunks, all in one pass; everything in one sub-chunk
-# and one pass.
-CHUNKINGS = {"default": None, "tiny": (1, 1), "one_pass": (1, 1 << 40),
-             "one_chunk": (1 << 40, 1 << 40)}
+# The fallback's chunkings (support/backend_params.py CHUNKINGS), for the tests of the PyTorch
+# implementation outside tests/test_conformance.py.
+CHUNKINGS = ("default", "tiny", "one_pass", "one_chunk")
 
 
-@pytest.fixture(params=list(CHUNKINGS), ids=list(CHUNKINGS))
+@pytest.fixture(params=CHUNKINGS)
 def chunking(request, monkeypatch):
     from paged_attention_ext import fallback
+    from support.backend_params import CHUNKINGS as SIZES
 
-    if CHUNKINGS[request.param] is not None:
-        chunk_bytes, pass_logit_bytes = CHUNKINGS[request.param]
+    if SIZES[request.param] is not None:
+        chunk_bytes, pass_logit_bytes = SIZES[request.param]
         monkeypatch.setattr(fallback, "CHUNK_BYTES", chunk_bytes)
         monkeypatch.setattr(fallback, "PASS_LOGIT_BYTES", pass_logit_bytes)
     return request.param

@@ -1,8 +1,8 @@
 """Blocksparse attention outside the oracle: the PyTorch fallback against the oracle (the cases
 of tests/test_blocksparse_reference.py, each under several chunkings), its sync-freedom, and who
 serves a blocksparse call: the PyTorch implementation, the C++ CPU kernel and the CUDA kernel
-compute it (the CPU kernel's variants are checked case by case in tests/test_cpu_kernel.py, the
-CUDA kernel's in tests/test_cuda_kernels.py), never a dense result.
+compute it (every backend, each CPU variant and CUDA kernel choice, is checked case by case in
+tests/test_conformance.py), never a dense result.
 """
 
 from types import SimpleNamespace

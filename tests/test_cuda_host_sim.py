@@ -27,8 +27,8 @@ a warp, __syncwarp) orders, whatever order it ran them in (every case; a barrier
 nothing is reported in every kernel). What it
 cannot: the rest of the hardware (memory is sequentially consistent; mma.sync is the
 documentation's reading), speed, and the shapes outside kSimDims / kSimTiles of
-the driver (head sizes 64-128, head tiles 1, 4, 8). tests/test_cuda_kernels.py does those on a
-GPU.
+the driver (head sizes 64-128, head tiles 1, 4, 8). tests/test_conformance.py and
+tests/test_cuda_kernels.py do those on a GPU.
 """
 
 import os

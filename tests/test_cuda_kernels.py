@@ -1,92 +1,66 @@
-"""The CUDA kernels (csrc/cuda) against the oracle (paged_attention_ext.reference).
+"""What only the CUDA kernels (csrc/cuda) have: the kernel choice and its rule, the v1 / decode
+split of rows across thread blocks and its settings, programmatic dependent launch, CUDA-graph
+capture and replay, bad data giving NaN rows (a used block id past the pool or negative, a
+negative length, a row past its table or near INT32_MAX, scratch too small), caches past element
+2^31, bitwise determinism, their limits (head sizes, alignment, mixed devices) and opcheck. Each
+kernel choice against the oracle on the shared cases is tests/test_conformance.py.
 
 test_cuda_kernels_registered needs only the dispatcher: it runs in every CUDA build, GPU or not, and
 fails unless every op overload has a compiled CUDA kernel (so a broken CUDA build cannot hide behind
 the PyTorch fallback that serves CUDA tensors when no kernel is compiled); where a GPU is present it
 fails for a build without CUDA too. The other tests run kernels: only where torch sees a CUDA device
-(skipped otherwise, with the reason).
-
-Inputs come from paged_attention_ext.tools.testing: N(0,1) q/k/v (sharp softmax), shuffled block tables
-with garbage past each row, NaN-poisoned unused cache slots, fp8 caches with scales != 1, outputs
-pre-filled with NaN. All four v2 outputs are compared (scratch only where the contract defines it).
-Blocksparse cases poison every skipped (cache block, KV head) with NaN. decode runs on the
-token-major layouts of testing.DECODE_LAYOUTS against reference.decode and against v1 on the same
-K/V in vLLM's layout; reshape_and_cache(_flash) are compared bit for bit.
+(skipped otherwise, with the reason). Inputs come from paged_attention_ext.tools.testing (sharp
+softmax, shuffled block tables with garbage past each row, NaN-poisoned unused cache slots,
+outputs pre-filled with NaN).
 """
 
 import dataclasses
-import math
 
 import pytest
 import torch
 
-from support import fatbin
 import paged_attention_ext
 from conftest import registered_ops
 from paged_attention_ext import reference, schemas
-from paged_attention_ext.core import key_chunk_elements
 from paged_attention_ext.tools import backends, conformance, testing
 from paged_attention_ext.tools.testing import (alloc_v1_outputs, alloc_v2_outputs,
                                                assert_out_matches, assert_v2_matches, call_v1,
-                                               call_v2, make_attention_inputs,
-                                               with_strided_caches)
-from paged_attention_ext.validation import Blocksparse
-from support.blocksparse import CASES as BLOCKSPARSE_CASES
-from support.blocksparse import inputs as blocksparse_inputs
-from support.blocksparse import mask as blocksparse_mask
-from support.blocksparse import poison_skipped
+                                               call_v2, make_attention_inputs)
+from support import backend_params, fatbin
 
 CUDA = torch.cuda.is_available()
 pytestmark = pytest.mark.cuda
 
 DEV = "cuda"
-# The head sizes the CUDA kernels are compiled for (csrc/cuda/dispatch.cuh, via build_info()); none
-# without a CUDA build, where the tests using them skip.
-HEAD_SIZES = tuple((paged_attention_ext.build_info() or {}).get("cuda_head_sizes", ()))
-ODD_LENS = [0, 1, 511, 512, 513, 1537, 77]
 
 
 @pytest.fixture
-def ops():
-    if not CUDA:
-        pytest.skip("no CUDA device (torch.cuda.is_available() is False): the CUDA kernels "
-                    "cannot run here (test_cuda_kernels_registered checks that they are registered)")
-    registered_ops()
-    if not backends.compiled_kernel("v2", "CUDA"):
-        pytest.skip("no compiled CUDA kernel: test_cuda_kernels_registered fails for this build")
-    # by name: active only when every op has a compiled CUDA kernel that runs on this GPU
-    return backends.backend("cuda-kernel").ops
+def ops(monkeypatch):
+    """The CUDA kernels' ops (skipped without a GPU or without compiled CUDA kernels)."""
+    with backend_params.activate(backend_params.Param("cuda"), monkeypatch) as cuda:
+        yield cuda.ops
 
 
-# The CUDA attention kernels (csrc/cuda/kernel_choice.h): the oracle comparisons, graph and
-# robustness tests run once per kernel, each forced with PAGED_ATTN_CUDA_KERNEL. "mma" runs the
+# The CUDA attention kernels (csrc/cuda/kernel_choice.h): the graph, split and robustness tests
+# here (and the oracle comparisons of tests/test_conformance.py) run once per kernel, each forced
+# with PAGED_ATTN_CUDA_KERNEL. "mma" runs the
 # pipelined kernel with the GQA group on tensor cores for 16-bit queries with GQA >= 3
 # (testing.on_tensor_cores) and the plain pipelined kernel for other shapes.
-KERNELS = ("baseline", "pipelined", "mma")
+KERNELS = backend_params.CUDA_KERNELS
 KERNEL_ENV = testing.CUDA_KERNEL_ENV
 _kernel_setting = testing.cuda_kernel_setting  # PAGED_ATTN_CUDA_KERNEL=value, read again
 
 
 @pytest.fixture(params=KERNELS)
-def kernel_ops(request, ops):
-    """`ops` with PAGED_ATTN_CUDA_KERNEL set to the parameter for the test, and afterwards the
-    proof that this kernel, and only this one, ran: the extension's launch counters
-    (_C.cuda_attention_launches). A test cannot pass on another kernel. "mma" may also count
-    pipelined launches (the shapes tensor cores do not take; test_mma_choice_follows_the_rule
-    checks which shapes those are)."""
-    name = request.param
-    if name != "baseline" and torch.cuda.get_device_capability() < (8, 0):
-        pytest.skip(f"the {name} kernel needs sm_80+ (cp.async, mma.sync); this GPU is sm_"
-                    + "".join(map(str, torch.cuda.get_device_capability())))
-    if (name == "baseline" and torch.cuda.get_device_capability() >= (8, 0)
-            and paged_attention_ext.build_info()["cuda_baseline_kernel"] != "every arch"):
-        pytest.skip("this build has no baseline kernel for sm_80+ (built without "
-                    "PAGED_ATTN_CUDA_BASELINE=1, as CI and scripts/gpu/device_check.sh build it)")
-    with _kernel_setting(name):
-        before = testing.cuda_attention_launches()
-        yield ops
-        after = testing.cuda_attention_launches()
-    testing.require_launches_of(name, before, after)
+def kernel_ops(request, monkeypatch):
+    """The CUDA ops with PAGED_ATTN_CUDA_KERNEL set to the parameter for the test, and afterwards
+    the proof that this kernel, and only this one, ran: the extension's launch counters
+    (_C.cuda_attention_launches; support/backend_params.py). A test cannot pass on another
+    kernel. "mma" may also count pipelined launches (the shapes tensor cores do not take;
+    test_mma_choice_follows_the_rule checks which shapes those are)."""
+    with backend_params.activate(backend_params.Param("cuda", request.param), monkeypatch,
+                                 lambda: getattr(request.node, "passed_call", False)) as cuda:
+        yield cuda.ops
 
 
 def test_build_info_names_the_cuda_attention_kernel():
@@ -174,139 +148,10 @@ def _check_v1(ops, inputs):
     return conformance.require(conformance.v1(ops, inputs)).actual
 
 
-# (num_seqs, num_heads, num_kv_heads, head_size, block_size, seq_lens, alibi)
-GRID = [
-    (7, 8, 8, 128, 16, ODD_LENS, False),       # MHA, every odd length
-    (7, 32, 8, 128, 16, ODD_LENS, True),       # Llama-3 GQA 4, ALiBi
-    (3, 12, 4, 64, 8, [513, 1, 1537], False),  # GQA 3 (head tile 4, one slot idle)
-    (3, 24, 2, 64, 32, [700, 0, 33], True),    # GQA 12: two passes of 8 heads
-    (2, 16, 1, 128, 16, [1025, 9], False),     # MQA 16
-    (2, 4, 2, 96, 12, [97, 300], False),       # block size 12: per-token V path for 2-byte types
-    (2, 2, 1, 80, 1, [5, 40], True),           # block size 1
-] + [(3, 4, 2, d, 16, [54, 513, 1], False) for d in HEAD_SIZES]  # every head size once
-
-DTYPES = ["float32", "float16", "bfloat16"]
-
-
-def _ids(case):
-    s, h, kvh, d, bs, lens, alibi = case
-    return f"s{s}-h{h}-kv{kvh}-d{d}-bs{bs}{'-alibi' if alibi else ''}"
-
-
-@pytest.mark.parametrize("case", GRID, ids=_ids)
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_v2_and_v1_match_reference(kernel_ops, case, dtype):
-    s, h, kvh, d, bs, lens, alibi = case
-    dtype = getattr(torch, dtype)
-    inputs = make_attention_inputs(s, h, kvh, d, bs, lens, dtype=dtype, use_alibi=alibi,
-                                   device=DEV, seed=hash((s, h, d, bs)) % 1000)
-    _check_v2(kernel_ops, inputs)
-    _check_v1(kernel_ops, inputs)
-
-
-FP8_GRID = [
-    (5, 32, 8, 128, 16, [1, 512, 513, 1537, 100], False),
-    (3, 8, 8, 64, 8, [511, 0, 64], True),
-    (2, 6, 2, 256, 32, [1100, 3], False),
-    (2, 4, 4, 112, 16, [600, 17], False),
-]
-
-
-@pytest.mark.parametrize("case", FP8_GRID, ids=_ids)
-@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e4m3", "fp8_e5m2"])
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("scale_as_tensor", [False, True], ids=["float-scale", "tensor-scale"])
-def test_fp8_cache_matches_reference(kernel_ops, case, kv_cache_dtype, dtype, scale_as_tensor):
-    s, h, kvh, d, bs, lens, alibi = case
-    inputs = make_attention_inputs(s, h, kvh, d, bs, lens, dtype=getattr(torch, dtype),
-                                   kv_cache_dtype=kv_cache_dtype, use_alibi=alibi, device=DEV,
-                                   scale_as_tensor=scale_as_tensor, seed=3)
-    _check_v2(kernel_ops, inputs)
-    _check_v1(kernel_ops, inputs)
-
-
-@pytest.mark.parametrize("kv,side,layout", conformance.EVERY_BYTE_CASES,
-                         ids=["-".join(c) for c in conformance.EVERY_BYTE_CASES])
-def test_every_fp8_byte_decodes_right(kernel_ops, kv, side, layout):
-    """All 256 bytes of each fp8 format through V (exactly) and K (testing.every_fp8_byte_inputs)
-    on the GPU; the random fp8 caches above hold a few octaves of bytes around the scale."""
-    conformance.require(conformance.every_fp8_byte(kernel_ops, kv, side, layout, "cuda"))
-
-
-def test_strided_query_and_larger_scratch(kernel_ops):
-    # query a slice of a fused qkv tensor (NaN elsewhere); scratch with spare partitions
-    inputs = make_attention_inputs(4, 16, 4, 128, 16, [1537, 2, 600, 1024], dtype=torch.float16,
-                                   device=DEV, noncontig_query=True, seed=11)
-    assert inputs.query.stride(0) > 16 * 128
-    _check_v2(kernel_ops, inputs, max_num_partitions=7)
-    _check_v1(kernel_ops, inputs)
-
-
-@pytest.mark.parametrize("layout", ["blocks_interleaved", "head_padding"])  # testing.CACHE_LAYOUTS
-def test_caches_with_outer_strides_of_a_bigger_tensor(kernel_ops, layout):
-    # (block, head) strides of a view into a bigger NaN-filled allocation: honoured, never read.
-    for dtype, kv in ((torch.bfloat16, "auto"), (torch.float32, "fp8_e4m3")):
-        inputs = make_attention_inputs(3, 8, 2, 64, 16, [1, 600, 1025], dtype=dtype,
-                                       kv_cache_dtype=kv, device=DEV, seed=13)
-        inputs = with_strided_caches(inputs, layout)
-        _check_v2(kernel_ops, inputs)
-        _check_v1(kernel_ops, inputs)
-
-
-def test_max_seq_len_is_only_a_hint(kernel_ops):
-    inputs = make_attention_inputs(2, 8, 2, 64, 16, [1500, 700], dtype=torch.float32, device=DEV)
-    inputs.max_seq_len = 1  # a wrong hint must not drop tokens
-    _check_v2(kernel_ops, inputs)
-    _check_v1(kernel_ops, inputs)
-
-
 def test_unsupported_head_size(ops):
     inputs = make_attention_inputs(1, 2, 1, 48, 16, [10], dtype=torch.float16, device=DEV)
     with pytest.raises(ValueError, match="Unsupported head size: 48"):
         call_v1(ops.v1, inputs, alloc_v1_outputs(inputs))
-
-
-# ---- blocksparse (CONTRACT.md "Blocksparse") ----
-
-def _to_device(inputs):
-    tensors = {f.name: getattr(inputs, f.name) for f in dataclasses.fields(inputs)
-               if isinstance(getattr(inputs, f.name), torch.Tensor)}
-    return dataclasses.replace(inputs, **{name: t.to(DEV) for name, t in tensors.items()})
-
-
-def _check_blocksparse(ops, inputs, sparse):
-    """v2 (all four outputs) and v1 against the oracle's v2, on inputs whose (cache block, KV
-    head) pairs that no query head of the KV head attends are NaN: a kernel that reads one of
-    them, or lets it into the softmax, gives NaN."""
-    poisoned = _to_device(poison_skipped(inputs, blocksparse_mask(inputs, sparse)))
-    return conformance.require(*conformance.attention(ops, poisoned, blocksparse=sparse)).actual
-
-
-# The cases of tests/test_blocksparse_reference.py (block sizes 5, 8 and 16: the per-token and the
-# vectorised V paths; sparse blocks smaller than, equal to, multiples and non-multiples of the
-# cache block; per-query-head and per-KV-head patterns; fp8), plus a GQA ratio of 12 (two passes of
-# 8 heads, each pass reading only the blocks its own heads attend).
-CUDA_BLOCKSPARSE_CASES = BLOCKSPARSE_CASES + [
-    ("gqa12-two-passes", (24, 2, 64, 16), Blocksparse(1, 1, 16, 32, 1),
-     torch.float16, "auto", True),
-]
-
-
-@pytest.mark.parametrize("case", CUDA_BLOCKSPARSE_CASES, ids=[c[0] for c in CUDA_BLOCKSPARSE_CASES])
-def test_blocksparse_matches_reference(kernel_ops, case):
-    _check_blocksparse(kernel_ops, blocksparse_inputs(case, seed=31), case[2])
-
-
-def test_blocksparse_nothing_attended_gives_zeros_and_empty_partitions(kernel_ops):
-    # Sparse block 0 is skipped by every head (vertical only, offset 1, vert 2): rows of 1 and
-    # 100 tokens attend nothing (zeros), the 1100-token row has empty partitions (max_logits
-    # -inf, exp_sums 0, tmp_out 0) next to full ones.
-    case = ("empty", (4, 2, 32, 8), Blocksparse(0, 0, 2, 600, 0), torch.float32, "auto", False)
-    got = _check_blocksparse(kernel_ops, blocksparse_inputs(case, seed=7, seq_lens=[1, 100, 1100]),
-                             case[2])
-    assert torch.equal(got.out[:2], torch.zeros_like(got.out[:2]))
-    assert (got.max_logits[2, :, 0] == float("-inf")).all() and (got.exp_sums[2, :, 0] == 0).all()
-    assert (got.tmp_out[2, :, 0] == 0).all() and got.out[2].abs().sum() > 0
 
 
 # ---- mixed devices: the contract's ValueError (validation runs before the device guard) ----
@@ -384,35 +229,6 @@ def test_v2_scratch_too_small_gives_nan_row(kernel_ops):
     assert _nan_rows(outputs.out) == [True, False]  # 1100 tokens need 3 partitions
 
 
-# ---- reshape_and_cache ----
-
-@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3", "fp8_e5m2"])
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("scale_as_tensor", [False, True], ids=["float-scale", "tensor-scale"])
-def test_reshape_and_cache_matches_reference(ops, kv_cache_dtype, dtype, scale_as_tensor):
-    dtype = getattr(torch, dtype)
-    gen = torch.Generator().manual_seed(7)
-    num_tokens, kvh, d, bs, num_blocks = 37, 4, 80, 16, 9
-    fp8 = kv_cache_dtype != "auto"
-    cache_dtype = torch.uint8 if fp8 else dtype
-    x = key_chunk_elements(cache_dtype)
-    key = (torch.randn(num_tokens, kvh, d, generator=gen) * 100).to(dtype).to(DEV)  # some saturate
-    value = torch.randn(num_tokens, kvh, d, generator=gen).to(dtype).to(DEV)
-    slots = torch.randperm(num_blocks * bs, generator=gen)[:num_tokens]
-    slots[::5] = -1  # padding tokens
-    slot_mapping = slots.to(torch.int64).to(DEV)
-    k_cache = torch.zeros(num_blocks, kvh, d // x, bs, x, dtype=cache_dtype, device=DEV)
-    v_cache = torch.zeros(num_blocks, kvh, d, bs, dtype=cache_dtype, device=DEV)
-    k_scale, v_scale = (0.37, 1.9) if fp8 else (1.0, 1.0)
-    if scale_as_tensor:
-        k_scale = torch.tensor(k_scale, device=DEV)
-        v_scale = torch.tensor(v_scale, device=DEV)
-    # bit-exact: same conversion, same rounding
-    conformance.require(conformance.cache_write(ops, "reshape_and_cache", key, value, k_cache,
-                                                v_cache, slot_mapping, kv_cache_dtype, k_scale,
-                                                v_scale))
-
-
 # ---- torch integration ----
 
 def test_opcheck_on_cuda(ops):
@@ -466,14 +282,6 @@ def test_cuda_graph_replay_with_new_lengths(kernel_ops):
     graph.replay()
     torch.cuda.synchronize()
     assert_v2_matches(outputs, _reference_v2(a, max_parts), lens_b, a.dtype)
-
-
-def test_long_context_100k(kernel_ops):
-    lens = [100_000]
-    inputs = make_attention_inputs(1, 32, 8, 128, 16, lens, dtype=torch.bfloat16, device=DEV,
-                                   seed=9, extra_blocks=1)
-    _check_v2(kernel_ops, inputs, max_num_partitions=math.ceil(100_000 / 512))
-    _check_v1(kernel_ops, inputs)
 
 
 def test_results_are_deterministic(kernel_ops):
@@ -569,55 +377,12 @@ def test_cache_over_2_31_elements(kernel_ops):
     torch.cuda.empty_cache()
 
 
-# ---- decode / reshape_and_cache_flash: token-major caches (core/kv_layout.h) ----
-
-# (dtype, kv_cache_dtype, num_heads, num_kv_heads, head_size, block_size, seq_lens, alibi)
-DECODE_CASES = [
-    (torch.float32, "auto", 8, 2, 128, 16, [1, 511, 0, 513, 1537], False),  # GQA 4
-    (torch.bfloat16, "auto", 12, 2, 256, 16, [700, 33], True),  # GQA 6, ALiBi
-    (torch.float16, "auto", 8, 8, 80, 5, [511, 1030], False),  # MHA, odd block size
-    (torch.float32, "auto", 8, 1, 64, 1, [300, 0, 77], True),  # MQA, block size 1
-    (torch.float16, "auto", 24, 2, 64, 16, [700, 3], False),  # GQA 12: two passes
-    (torch.float32, "fp8", 8, 2, 64, 16, [300, 1025], True),  # fp8 e4m3
-    (torch.bfloat16, "fp8_e4m3", 6, 1, 128, 8, [1, 600], False),
-    (torch.float16, "fp8_e5m2", 4, 2, 96, 3, [77, 513], False),  # odd block size
-    (torch.bfloat16, "fp8_e5m2", 8, 2, 112, 16, [1100, 2], True),
-]
-# Every case on NHD and HND; the other layouts spread over the cases ("padded" only where its
-# 4-element offset is 16-byte aligned: fp32; other dtypes get the alignment error, tested below).
-_OTHER_LAYOUTS = ("combined", "combined_hnd", "mixed")
-DECODE_PARAMS = [(c, lay) for i, c in enumerate(DECODE_CASES)
-                 for lay in ("nhd", "hnd", _OTHER_LAYOUTS[i % 3])] + [
-    (c, "padded") for c in DECODE_CASES if c[0] == torch.float32 and c[1] == "auto"]
-
+# ---- decode: token-major caches (core/kv_layout.h) ----
 
 def _check_decode(ops, inputs):
     """decode (CUDA) against reference.decode and against v1 (CUDA) on the same K/V in vLLM's
     layout; out pre-filled with NaN."""
     return conformance.require(*conformance.decode(ops, inputs, against_v1=True)).actual
-
-
-@pytest.mark.parametrize("case,layout", DECODE_PARAMS,
-                         ids=[f"{str(c[0])[6:]}-{c[1]}-h{c[2]}/{c[3]}-d{c[4]}-bs{c[5]}"
-                              f"{'-alibi' if c[7] else ''}-{lay}" for c, lay in DECODE_PARAMS])
-def test_decode_matches_reference(kernel_ops, case, layout):
-    dtype, kv, nh, nkv, d, bs, lens, alibi = case
-    inputs = testing.make_decode_inputs(len(lens), nh, nkv, d, bs, lens, layout=layout,
-                                        dtype=dtype, kv_cache_dtype=kv, use_alibi=alibi,
-                                        device=DEV, seed=len(lens) + d)
-    if layout == "mixed":
-        assert inputs.key_cache.stride() != inputs.value_cache.stride()  # K and V strides differ
-    _check_decode(kernel_ops, inputs)
-
-
-@pytest.mark.parametrize("scale_as_tensor", [False, True], ids=["float-scale", "tensor-scale"])
-def test_decode_scale_overloads_and_fused_query(kernel_ops, scale_as_tensor):
-    inputs = testing.make_decode_inputs(3, 8, 2, 64, 16, [100, 1100, 3], layout="combined_hnd",
-                                        dtype=torch.float32, kv_cache_dtype="fp8_e5m2",
-                                        device=DEV, noncontig_query=True,
-                                        scale_as_tensor=scale_as_tensor, seed=7)
-    assert inputs.query.stride(0) > inputs.num_heads * inputs.head_size
-    _check_decode(kernel_ops, inputs)
 
 
 def test_decode_misaligned_cache_view_is_a_value_error(ops):
@@ -628,12 +393,6 @@ def test_decode_misaligned_cache_view_is_a_value_error(ops):
     out = torch.empty(2, 4, 64, dtype=torch.bfloat16, device=DEV)
     with pytest.raises(ValueError, match=r"^paged_attn\.decode: .*16-byte aligned"):
         testing.call_decode(ops.decode, inputs, out)
-
-
-def test_decode_long_row(kernel_ops):
-    inputs = testing.make_decode_inputs(2, 8, 2, 128, 16, [5000, 4097], layout="hnd",
-                                        dtype=torch.bfloat16, use_alibi=True, device=DEV, seed=11)
-    _check_decode(kernel_ops, inputs)
 
 
 # ---- v1 / decode: the split of rows across thread blocks (csrc/core/split_plan.h) ----
@@ -823,52 +582,3 @@ def test_split_results_are_deterministic(kernel_ops):
     torch.cuda.synchronize()
     assert torch.equal(v1[0].view(torch.int16), v1[1].view(torch.int16))
     assert torch.equal(de[0].view(torch.int16), de[1].view(torch.int16))
-
-
-@pytest.mark.parametrize("dtype,kv", [(torch.float32, "auto"), (torch.bfloat16, "auto"),
-                                      (torch.float16, "auto"), (torch.float32, "fp8"),
-                                      (torch.bfloat16, "fp8_e4m3"), (torch.float16, "fp8_e5m2")])
-@pytest.mark.parametrize("layout", testing.DECODE_LAYOUTS)
-def test_reshape_and_cache_flash_matches_reference(ops, dtype, kv, layout):
-    """key / value with more rows than slot_mapping (vLLM: the rest is padding, never read: NaN
-    there), slices of a fused tensor; negative slots skipped; fp8 saturated; bit-exact."""
-    num_rows, num_tokens, kvh, d, bs, num_blocks = 41, 37, 2, 48, 5, 11
-    g = torch.Generator().manual_seed(5)
-    fused = torch.randn(num_rows, (4 + 2 * kvh) * d, generator=g) * 30  # fp8 saturates too
-    fused[num_tokens:] = float("nan")  # padding rows
-    fused = fused.to(dtype).to(DEV)
-    key = fused[:, 4 * d:(4 + kvh) * d].view(num_rows, kvh, d)
-    value = fused[:, (4 + kvh) * d:].view(num_rows, kvh, d)
-    slots = torch.randperm(num_blocks * bs, generator=g)[:num_tokens]
-    slots[::4] = -1
-    slots = slots.to(DEV)
-    cache_dtype = dtype if kv == "auto" else torch.uint8
-    if cache_dtype == torch.uint8:
-        k = torch.randint(0, 256, (num_blocks, bs, kvh, d), generator=g).to(torch.uint8)
-        v = torch.randint(0, 256, (num_blocks, bs, kvh, d), generator=g).to(torch.uint8)
-    else:
-        k = torch.randn(num_blocks, bs, kvh, d, generator=g).to(cache_dtype)
-        v = torch.randn(num_blocks, bs, kvh, d, generator=g).to(cache_dtype)
-    kc, vc, _ = testing.nhd_cache_views(k.to(DEV), v.to(DEV), layout)
-    for k_scale, v_scale in ((0.37, 1.9), (torch.tensor(0.37, device=DEV),
-                                           torch.tensor(1.9, device=DEV))):
-        written = conformance.cache_write(ops, "reshape_and_cache_flash", key, value, kc, vc,
-                                          slots, kv, k_scale, v_scale)
-        kc, vc = conformance.require(written).actual  # the next write goes on top
-
-
-def test_flash_cache_then_decode_round_trip(kernel_ops):
-    """Tokens appended with reshape_and_cache_flash into an HND cache (a view), then read back
-    by decode: the oracle's output on the same cache."""
-    inputs = testing.make_decode_inputs(2, 8, 2, 64, 16, [40, 90], layout="hnd",
-                                        dtype=torch.bfloat16, device=DEV, seed=9)
-    g = torch.Generator().manual_seed(1)
-    new_k = torch.randn(2, 2, 64, generator=g).to(torch.bfloat16).to(DEV)
-    new_v = torch.randn(2, 2, 64, generator=g).to(torch.bfloat16).to(DEV)
-    tables = inputs.block_tables.cpu()
-    slots = [int(tables[s, n // 16]) * 16 + n % 16 for s, n in enumerate(inputs.seq_lens_list)]
-    kernel_ops.reshape_and_cache_flash(new_k, new_v, inputs.key_cache, inputs.value_cache,
-                                       torch.tensor(slots, device=DEV))
-    inputs.seq_lens += 1
-    inputs.seq_lens_list = [n + 1 for n in inputs.seq_lens_list]
-    conformance.require(*conformance.decode(kernel_ops, inputs))

@@ -1,15 +1,15 @@
-"""The sync-free PyTorch fallback (paged_attention_ext.fallback) against the oracle.
+"""What only the PyTorch fallback (paged_attention_ext.fallback) has: its chunk plan, its
+sync-freedom, and what it does off the CPU where no data check may sync. Its results against the
+oracle, under each of its chunkings (the default plan, one partition of one sequence per sub-chunk
+in one pass each or all in one pass, everything in one sub-chunk), are tests/test_conformance.py.
 
-Same inputs as the kernel tests (paged_attention_ext.tools.testing): sharp softmax, shuffled block
-tables with garbage (-1, ids >= num_blocks) past each row's used blocks, NaN in every unused cache
-slot, outputs pre-filled with NaN, odd lengths around the 512-token partitions. The fallback
-walks static passes over partitions / sequences, each gathered in sub-chunks: each case runs with
-the default plan, with one partition of one sequence per sub-chunk (one pass each, or all in one
-pass) and with everything in one sub-chunk.
-
-Proof of sync-freedom: torch.compile(fullgraph=True) traces v1, v2 and reshape_and_cache on CPU
-(a .item(), .tolist(), data-dependent shape or branch on tensor data would break the graph), and
-a CUDA graph captures v2 and replays it with new lengths and tables (skipped without CUDA).
+- the plan: every (row, partition) once, no sub-chunk or pass over its byte budget;
+- sync-freedom: torch.compile(fullgraph=True) traces v1, v2 and reshape_and_cache on CPU (a
+  .item(), .tolist(), data-dependent shape or branch on tensor data would break the graph), and a
+  CUDA graph captures v2 and replays it with new lengths and tables (skipped without CUDA);
+- without data checks (off the CPU), a bad row is NaN and an out-of-range slot is skipped,
+  never a wild read or write; on the CPU the checks raise;
+- block sizes that do not divide the 512-token partition within a multi-partition chunk.
 """
 
 import math
@@ -22,35 +22,12 @@ from paged_attention_ext import fallback, reference
 from paged_attention_ext.tools import backends, conformance, testing
 from paged_attention_ext.validation import PARTITION_SIZE
 
-# 1 token, partition edges 511/512/513, 1537 (4 partitions, 1 token in the last), empty, odd.
-SEQ_LENS = [1, 511, 512, 513, 1537, 0, 37]
-
-# (query dtype, kv_cache_dtype, (heads, kv_heads, head_size, block_size), alibi): every dtype,
-# GQA groups 1/4/6/8 and MQA, block sizes 8/16/32 and 5 (not dividing 512), ALiBi on and off.
-CASES = [
-    (torch.float32, "auto", (4, 4, 64, 16), False),
-    (torch.float32, "auto", (8, 1, 64, 5), True),
-    (torch.float16, "auto", (8, 2, 64, 8), True),
-    (torch.bfloat16, "auto", (12, 2, 128, 32), False),
-    (torch.bfloat16, "auto", (16, 2, 80, 16), True),
-    (torch.float32, "fp8_e4m3", (16, 2, 64, 16), False),
-    (torch.bfloat16, "fp8", (6, 1, 64, 32), True),
-    (torch.float16, "fp8_e5m2", (8, 2, 64, 5), False),
-    (torch.bfloat16, "fp8_e5m2", (12, 2, 64, 8), True),
-]
-
-# The fallback's chunkings: the `chunking` fixture (conftest.py). The fallback's functions called directly (not through torch.ops, where a compiled kernel would
+# The fallback's functions called directly (not through torch.ops, where a compiled kernel would
 # answer instead).
 FALLBACK = backends.fallback_ops()
 
 
-
-def _case_id(case):
-    dtype, kv, (h, kvh, d, bs), alibi = case
-    return f"{str(dtype)[6:]}-{kv}-h{h}kv{kvh}d{d}bs{bs}" + ("-alibi" if alibi else "")
-
-
-def _inputs(case, seed, seq_lens=SEQ_LENS, **kw):
+def _inputs(case, seed, seq_lens, **kw):
     dtype, kv, (h, kvh, d, bs), alibi = case
     return testing.make_attention_inputs(len(seq_lens), h, kvh, d, bs, seq_lens, dtype=dtype,
                                          kv_cache_dtype=kv, use_alibi=alibi, seed=seed, **kw)
@@ -59,63 +36,6 @@ def _inputs(case, seed, seq_lens=SEQ_LENS, **kw):
 def _check(inputs, max_num_partitions=None, ops=FALLBACK):
     """v2 (out + scratch of the partitions in use) and v1 vs the oracle, outputs NaN-filled."""
     conformance.require(*conformance.attention(ops, inputs, max_num_partitions))
-
-
-@pytest.mark.parametrize("index,case", list(enumerate(CASES)), ids=[_case_id(c) for c in CASES])
-def test_matches_oracle(index, case, chunking):
-    # Alternate a strided query (a slice of a NaN-filled qkv tensor) and 0-dim tensor scales.
-    _check(_inputs(case, seed=index, noncontig_query=index % 2 == 0,
-                   scale_as_tensor=index % 3 == 0))
-
-
-@pytest.mark.parametrize("kv,side,layout", conformance.EVERY_BYTE_CASES,
-                         ids=["-".join(c) for c in conformance.EVERY_BYTE_CASES])
-def test_every_fp8_byte_decodes_right(kv, side, layout):
-    """All 256 bytes of each fp8 format through V (exactly) and K (testing.every_fp8_byte_inputs)."""
-    conformance.require(conformance.every_fp8_byte(FALLBACK, kv, side, layout))
-
-
-def test_scratch_larger_than_needed():
-    # tmp_out covers more tokens than the block table holds: the extra partitions are skipped.
-    case = (torch.float32, "auto", (8, 2, 64, 16), True)
-    _check(_inputs(case, seed=11, seq_lens=[700, 3, 1025]), max_num_partitions=7)
-
-
-@pytest.mark.parametrize("layout", testing.CACHE_LAYOUTS)
-def test_caches_with_outer_strides_of_a_bigger_tensor(layout):
-    # Caches whose (block, head) strides are not those of a contiguous tensor (vLLM may hand out
-    # views of a bigger allocation): the blocks cannot be gathered one KV head at a time, the
-    # gather must fall back to whole blocks and must not read the NaN around them.
-    for case in (CASES[3], CASES[5]):  # bf16 12/2 heads; fp32 with an fp8 cache
-        inputs = testing.with_strided_caches(_inputs(case, seed=13), layout)
-        assert inputs.key_cache.stride(0) != inputs.key_cache.shape[1] * inputs.key_cache.stride(1)
-        _check(inputs)
-
-
-@pytest.mark.parametrize("seq_lens", [[0, 0], [PARTITION_SIZE * 2]], ids=["all_empty", "full"])
-def test_edge_batches(seq_lens):
-    # All rows empty: zeros, never NaN. One row filling its table exactly (no garbage read).
-    case = (torch.bfloat16, "fp8_e4m3", (4, 2, 32, 16), True)
-    inputs = _inputs(case, seed=5, seq_lens=seq_lens)
-    _check(inputs)
-    if max(seq_lens) == 0:
-        out = testing.call_v1(fallback.paged_attention_v1, inputs, testing.alloc_v1_outputs(inputs))
-        assert torch.equal(out, torch.zeros_like(out))
-
-
-@pytest.mark.parametrize("scale_as_tensor", [False, True])
-def test_auto_caches_ignore_the_kv_scales(scale_as_tensor):
-    # kv_cache_dtype "auto": k_scale / v_scale are not applied (only fp8 values are decoded
-    # byte * scale; the oracle ignores them), in v1 / v2 and in decode.
-    k_scale, v_scale = (torch.tensor(0.37), torch.tensor(1.9)) if scale_as_tensor else (0.37, 1.9)
-    inputs = _inputs((torch.bfloat16, "auto", (8, 2, 64, 16), True), seed=23,
-                     seq_lens=[100, 600, 7])
-    inputs.k_scale, inputs.v_scale = k_scale, v_scale
-    _check(inputs)
-    dec = testing.make_decode_inputs(2, 8, 2, 64, 16, [100, 600], layout="hnd", use_alibi=True,
-                                     seed=24)
-    dec.k_scale, dec.v_scale = k_scale, v_scale
-    conformance.require(*conformance.decode(FALLBACK, dec))
 
 
 def test_bad_rows_raise_on_cpu():
@@ -195,31 +115,7 @@ def test_plan_is_bounded_and_covers_everything(aligned, budget_scale):
                                           (s1 - s0) * step * part_len * logit_per_token)
 
 
-# ---- reshape_and_cache ----
-
-@pytest.mark.parametrize("dtype,kv_cache_dtype,scale_as_tensor", [
-    (torch.float32, "auto", False), (torch.bfloat16, "auto", False),
-    (torch.float16, "fp8_e4m3", True), (torch.bfloat16, "fp8_e5m2", False)])
-@pytest.mark.parametrize("padding", ["some", "all"])
-def test_reshape_and_cache_matches_oracle(dtype, kv_cache_dtype, scale_as_tensor, padding):
-    inputs = _inputs((dtype, kv_cache_dtype, (4, 2, 64, 16), False), seed=7, seq_lens=[30, 17],
-                     scale_as_tensor=scale_as_tensor)
-    num_tokens = 13
-    gen = torch.Generator().manual_seed(1)
-    key = torch.randn(num_tokens + 2, 2, 64, generator=gen).to(dtype) * 3
-    value = torch.randn(num_tokens + 2, 2, 64, generator=gen).to(dtype) * 3
-    key[num_tokens:], value[num_tokens:] = float("nan"), float("nan")  # padding rows (vLLM)
-    slots = torch.randperm(inputs.num_blocks * 16, generator=gen)[:num_tokens]
-    slots[::3] = -1  # padding tokens, including the first
-    if padding == "all":
-        slots[:] = -1
-    written = conformance.require(conformance.cache_write(
-        FALLBACK, "reshape_and_cache", key, value, inputs.key_cache, inputs.value_cache, slots,
-        kv_cache_dtype, inputs.k_scale, inputs.v_scale))  # bytes (NaN slots included)
-    if padding == "all":
-        assert torch.equal(written.actual[0].view(torch.uint8),
-                           inputs.key_cache.view(torch.uint8))
-
+# ---- cache writes ----
 
 @pytest.mark.parametrize("op", ["reshape_and_cache", "reshape_and_cache_flash"])
 def test_cache_write_skips_out_of_range_slots_without_checks(monkeypatch, op):

@@ -11,7 +11,8 @@ uses for fp8 caches; its ldmatrix path for 16-bit caches runs in tests/test_cuda
 So the test proves
 that the header's fragment indexing agrees with the documented layouts (which elements of K, V,
 Q and P each lane feeds in) and that its softmax bookkeeping is right; what it cannot prove is
-that the GPU's mma.sync matches the documentation (tests/test_cuda_kernels.py does, on a GPU).
+that the GPU's mma.sync matches the documentation (tests/test_conformance.py and
+tests/test_cuda_kernels.py do, on a GPU).
 
 Cases: bf16 and fp16; head sizes that fill whole 16-dim slices and ones that do not (120, 80)
 with NaN in every shared-memory byte past the head size (K rows, V rows); 1-8 heads in the

@@ -25,7 +25,7 @@ export ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:abort_on_error=1"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 export OMP_WAIT_POLICY=PASSIVE
 if [[ $# -eq 0 ]]; then
-  set -- "$ROOT/tests/test_cpu_kernel.py" "$ROOT/tests/test_robustness.py" "$ROOT/tests/test_bad_input.py" \
+  set -- "$ROOT/tests/test_conformance.py" "$ROOT/tests/test_cpu_kernel.py" "$ROOT/tests/test_robustness.py" "$ROOT/tests/test_bad_input.py" \
          "$ROOT/tests/test_fuzz.py" -m "not slow"
 fi
 # Run from the staging folder so `import paged_attention_ext` finds the instrumented copy first.

@@ -55,7 +55,7 @@ print(f"test_clang: _C built by {build['compiler']}, "
 EOF
 
 if [[ $# -eq 0 ]]; then
-  set -- tests/test_cpu_kernel.py tests/test_cpu_kernel_choice.py tests/test_cpu_isa_isolation.py \
+  set -- tests/test_conformance.py tests/test_cpu_kernel.py tests/test_cpu_kernel_choice.py tests/test_cpu_isa_isolation.py \
          tests/test_build_info.py tests/test_bad_input.py tests/test_decode_layouts.py -m "not slow"
 fi
 PAGED_ATTN_REQUIRE_EXTENSION=1 "$PYTHON" -m pytest -q -p no:cacheprovider "$@"

@@ -29,7 +29,8 @@
 #   1. GPU present? (nvidia-smi and torch.cuda.is_available(); exits 3 at once if not)
 #   2. build the extension with all cores for this GPU's arch only (MAX_JOBS=16,
 #      TORCH_CUDA_ARCH_LIST from the device capability), ptxas resource report in the log (150 s)
-#   3. tests/test_cuda_kernels.py, tests/test_warp_reduce_host.py, tests/test_cuda_arch.py (the
+#   3. tests/test_cuda_kernels.py, the CUDA params of tests/test_conformance.py (each kernel choice
+#      against the oracle), tests/test_warp_reduce_host.py, tests/test_cuda_arch.py (the
 #      arch check's first call on each GPU), the CUDA cases of the fallback tests (CUDA-graph
 #      replay of the PyTorch implementation) and of tests/test_blocksparse.py (140 s)
 #   4. python -m paged_attention_ext check (every backend on this machine vs the oracle) (20 s)
@@ -62,7 +63,8 @@
 #      per layout and one of small-batch on vLLM's layout, the default kernel: profile_vllm /
 #      profile_nhd / profile_small_vllm .log (details page) and .ncu-rep (60 s each; no ncu:
 #      rows "SKIPPED (no ncu)", counted as failed)
-#   (step 3 runs the kernel tests once per kernel choice: tests/test_cuda_kernels.py's kernel_ops)
+#   (step 3 runs the kernel tests once per kernel choice: tests/test_cuda_kernels.py's kernel_ops,
+#   tests/test_conformance.py's cuda-<kernel> params)
 # Writes <out>/<step>.log, <out>/bench_<layout>[_fp8].{md,json} and <out>/results.md (one row
 # per step) (the ptxas report is inside build.log); with BUNDLE=1 (default when <out> is $OUT)
 # only <out>/results.md and <out>/device_check.tgz holding them all.
@@ -249,7 +251,7 @@ fi
 # The kernel tests run once per CUDA attention kernel choice (baseline, pipelined, mma): the
 # longest limit. The host test of the tensor-core math (gqa_mma.cuh) runs with them.
 if selected tests; then
-  run_step tests_cuda 140 "$PY" -m pytest tests/test_cuda_kernels.py tests/test_warp_reduce_host.py \
+  run_step tests_cuda 140 "$PY" -m pytest tests/test_cuda_kernels.py tests/test_conformance.py tests/test_warp_reduce_host.py \
     tests/test_gqa_mma_host.py tests/test_cuda_arch.py tests/test_fallback.py \
     tests/test_blocksparse.py -k "cuda or graph or warp or mma" \
     -q --maxfail=30 -rs -p no:cacheprovider
