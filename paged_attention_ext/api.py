@@ -79,15 +79,18 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     validation.check_tensor_rank(fn, key_cache, "key_cache", 5,
                                  "[num_blocks, num_kv_heads, head_size / x, block_size, x]")
     num_seqs, num_heads, head_size = query.shape
-    num_kv_heads, block_size = key_cache.size(1), key_cache.size(3)
+    _, num_kv_heads, _, block_size, _ = key_cache.shape
     max_seq_len_given = max_seq_len is not None
     if not max_seq_len_given:
         max_seq_len = int(seq_lens.max()) if seq_lens.numel() else 0
     if scale is None:
         scale = 1.0 / math.sqrt(head_size)
-    if version == "auto":
-        version = choose_version(query.device, max_seq_len, num_seqs, num_heads,
-                                 block_tables.size(1) * block_size)
+    if version == "auto":  # choose_version's rule; the device and the table read on CUDA only
+        if query.is_cuda:
+            version = choose_version(query.device, max_seq_len, num_seqs, num_heads,
+                                     block_tables.size(1) * block_size)
+        else:
+            version = "v1" if use_v1(max_seq_len, num_seqs, num_heads) else "v2"
     if version not in ("v1", "v2"):
         raise ValueError(f"paged_attention: version must be 'v1', 'v2' or 'auto', got {version!r}")
     if out is None:
