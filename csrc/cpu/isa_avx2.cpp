@@ -101,6 +101,10 @@ struct Isa : EightVecTiles {  // 16 ymm: 8 Vec
   using Vec = Vec16;
   using Mask = LaneRange;
   static constexpr bool kHasBf16Dot = false;
+  // QK of a GQA group of 6 (Qwen-like) in one tile: 6 x 2 accumulators (two tokens a Vec), the K
+  // Vec and the q row: 15 of 16 ymm, each K vector widened once for all six heads. Measured
+  // 3.5-8% less CPU time than two tiles of three (in cache, fp32 / fp16 / bf16 / fp8, both forms).
+  static constexpr int kQkHeads = 6;
   // vLLM's layout's PV: an accumulator is one ymm (pv_fmadd folds a Vec's two halves into lo;
   // hi stays 0), so the probabilities fit in registers: gt * pv_rows + 2 gt + 2 (V row) ymm,
   // 12-14 of 16. Loads per FMA: (2 gt + 2 pv_rows) / (2 gt pv_rows), 0.75-0.83 for gt >= 2,
