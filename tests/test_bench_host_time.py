@@ -34,3 +34,11 @@ def test_vllm_cpu_unavailable_names_the_reason(monkeypatch, tmp_path):
     vllm_cpu.load.cache_clear()
     fp8 = make_workload(host_time.SHAPE, torch.float32, "fp8", "cpu", 0)
     assert "kv_cache_dtype auto" in vllm_cpu.unavailable(fp8)
+
+
+def test_vllm_cpu_library_is_vllms_choice_unless_named(monkeypatch):
+    monkeypatch.delenv(vllm_cpu.ENV_LIBRARY, raising=False)
+    chosen = vllm_cpu.library_name()
+    assert chosen in ("_C", "_C_AVX512", "_C_AVX2")
+    monkeypatch.setenv(vllm_cpu.ENV_LIBRARY, "_C_AVX2")
+    assert vllm_cpu.library_name() == "_C_AVX2"
