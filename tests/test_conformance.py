@@ -340,20 +340,25 @@ def test_long_rows_many_partitions(backend, case):
                                      else 3))
 
 
+def append_one_token(backend, inputs, write):
+    """One new bf16 token per sequence written by `write` (reshape_and_cache or its flash form)
+    at slot seq_len of the row's table; the lengths grow by one."""
+    g = torch.Generator().manual_seed(1)
+    new_k = torch.randn(2, 2, 64, generator=g).to(BF16).to(backend.device)
+    new_v = torch.randn(2, 2, 64, generator=g).to(BF16).to(backend.device)
+    tables = inputs.block_tables.cpu()
+    slots = [int(tables[s, n // 16]) * 16 + n % 16 for s, n in enumerate(inputs.seq_lens_list)]
+    write(new_k, new_v, inputs.key_cache, inputs.value_cache,
+          torch.tensor(slots, device=backend.device))
+    inputs.seq_lens += 1
+    inputs.seq_lens_list = [n + 1 for n in inputs.seq_lens_list]
+
+
 def test_cache_then_attend_round_trip(backend):
     """Tokens written with reshape_and_cache, then read back by v1: the same output as the oracle
     on the same cache (end to end through the cache layout)."""
     inp = Case(BF16, "auto", 8, 2, 64, 16, [40, 90], False, 9).inputs(backend.device)
-    g = torch.Generator().manual_seed(1)
-    new_k = torch.randn(2, 2, 64, generator=g).to(BF16).to(backend.device)
-    new_v = torch.randn(2, 2, 64, generator=g).to(BF16).to(backend.device)
-    # append one token to each sequence: slot seq_len of its table
-    tables = inp.block_tables.cpu()
-    slots = [int(tables[s, n // 16]) * 16 + n % 16 for s, n in enumerate(inp.seq_lens_list)]
-    backend.ops.reshape_and_cache(new_k, new_v, inp.key_cache, inp.value_cache,
-                                  torch.tensor(slots, device=backend.device))
-    inp.seq_lens += 1
-    inp.seq_lens_list = [n + 1 for n in inp.seq_lens_list]
+    append_one_token(backend, inp, backend.ops.reshape_and_cache)
     inp.max_seq_len += 1
     check_v1_v2(backend, inp)
 
@@ -457,13 +462,5 @@ def test_flash_cache_then_decode_round_trip(backend):
     decode: the oracle's output on the same cache."""
     inputs = Case(BF16, "auto", 8, 2, 64, 16, [40, 90], False, 9).decode_inputs(backend.device,
                                                                                  "hnd")
-    g = torch.Generator().manual_seed(1)
-    new_k = torch.randn(2, 2, 64, generator=g).to(BF16).to(backend.device)
-    new_v = torch.randn(2, 2, 64, generator=g).to(BF16).to(backend.device)
-    tables = inputs.block_tables.cpu()
-    slots = [int(tables[s, n // 16]) * 16 + n % 16 for s, n in enumerate(inputs.seq_lens_list)]
-    backend.ops.reshape_and_cache_flash(new_k, new_v, inputs.key_cache, inputs.value_cache,
-                                        torch.tensor(slots, device=backend.device))
-    inputs.seq_lens += 1
-    inputs.seq_lens_list = [n + 1 for n in inputs.seq_lens_list]
+    append_one_token(backend, inputs, backend.ops.reshape_and_cache_flash)
     check_decode(backend, inputs, against_v1=False)
