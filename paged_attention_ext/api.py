@@ -73,13 +73,19 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     tp_rank, blocksparse_*: vLLM's blocksparse attention (docs/CONTRACT.md), active when
       blocksparse_vert_stride > 1; every backend computes it.
     """
-    # The shapes this function reads, checked first so a wrong one is named as the op names it.
-    fn = "paged_attention"
-    validation.check_tensor_rank(fn, query, "query", 3, "[num_seqs, num_heads, head_size]")
-    validation.check_tensor_rank(fn, key_cache, "key_cache", 5,
-                                 "[num_blocks, num_kv_heads, head_size / x, block_size, x]")
-    num_seqs, num_heads, head_size = query.shape
-    _, num_kv_heads, _, block_size, _ = key_cache.shape
+    # The shapes this function reads; when they cannot be read, the checks name the argument as
+    # the op would (run only then: they cost more than the reads).
+    try:
+        num_seqs, num_heads, head_size = query.shape
+        _, num_kv_heads, _, block_size, _ = key_cache.shape
+        tensors = isinstance(query, torch.Tensor) and isinstance(key_cache, torch.Tensor)
+    except (AttributeError, TypeError, ValueError):
+        tensors = False
+    if not tensors:  # raises, naming the argument
+        fn = "paged_attention"
+        validation.check_tensor_rank(fn, query, "query", 3, "[num_seqs, num_heads, head_size]")
+        validation.check_tensor_rank(fn, key_cache, "key_cache", 5,
+                                     "[num_blocks, num_kv_heads, head_size / x, block_size, x]")
     max_seq_len_given = max_seq_len is not None
     if not max_seq_len_given:
         max_seq_len = int(seq_lens.max()) if seq_lens.numel() else 0
