@@ -705,12 +705,10 @@ inline void gather_token(const typename Cache::storage* slice, bool is_key, cons
   }
 }
 
-// rows [2][kShortTokens][Dq] = the item's K then V tokens in token order; logits[g][lo + t] =
-// qk_scale * q[g] . k_t (q: the G heads' fp32 query rows, unscaled).
+// rows [2][kShortTokens][Dq] = the item's K tokens, then its V tokens, in token order.
 template <typename Cache, KvForm F>
-void short_qk(const typename Cache::storage* K, const typename Cache::storage* V,
-              const Span* spans, int nspans, const float* q, float qk_scale, const TaskShape& s,
-              int G, int lo, float* logits, float* rows) {
+void gather_short_item(const typename Cache::storage* K, const typename Cache::storage* V,
+                       const Span* spans, int nspans, const TaskShape& s, float* rows) {
   int n = 0;
   for (int i = 0; i < nspans; ++i)
     for (int slot = spans[i].lo; slot < spans[i].hi; ++slot, ++n) {
@@ -718,17 +716,23 @@ void short_qk(const typename Cache::storage* K, const typename Cache::storage* V
       gather_token<Cache, F>(V + spans[i].v_offset, false, s, slot,
                              rows + (kShortTokens + n) * s.Dq);
     }
+}
+
+// logits[g][lo + t] = qk_scale * q[g] . k_t over the n K rows (q: the G heads' fp32 query rows,
+// unscaled).
+inline void short_qk(const float* k_rows, int n, const float* q, float qk_scale,
+                     const TaskShape& s, int G, int lo, float* logits) {
   for (int g = 0; g < G; ++g)
     for (int t = 0; t < n; ++t) {
       Vec acc = Isa::zero();
       for (int d = 0; d < s.D; d += 16)
         acc = Isa::fmadd(Isa::load(q + g * s.D + d, Isa::lanes(0, s.D - d)),
-                         Isa::load(rows + t * s.Dq + d, Isa::lanes(0, 16)), acc);
+                         Isa::load(k_rows + t * s.Dq + d, Isa::lanes(0, 16)), acc);
       logits[g * s.L + lo + t] = qk_scale * Isa::reduce_add(acc);
     }
 }
 
-// out[g] = norm[g] * sum_t p[g][lo + t] * v_t over the n tokens of short_qk's V rows.
+// out[g] = norm[g] * sum_t p[g][lo + t] * v_t over the n V rows.
 inline void short_pv(const float* probs, const float* v_rows, int n, const TaskShape& s, int G,
                      int lo, const float* norm, float* out, int64_t out_stride) {
   for (int g = 0; g < G; ++g)
@@ -792,7 +796,8 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
   PrefetchStream pf;
   if (short_item) {
     *(scratch + layout.v_ahead) = 0.0f;  // nothing of the next item prefetched
-    short_qk<Cache, F>(K, V, spans, nspans, q, in.qk_scale, s, G, lo, logits, short_rows);
+    gather_short_item<Cache, F>(K, V, spans, nspans, s, short_rows);
+    short_qk(short_rows, hi - lo, q, in.qk_scale, s, G, lo, logits);
   } else {
     // qs[g][d] = qk_scale * q[h0 + g][d] for d < Dq (0 past D); for BF16Dot, the bf16 bits of
     // q[h0 + g][d] (exact: the query is bf16, its fp32 copy's top half) and QK scales the sums.
