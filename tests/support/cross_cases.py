@@ -66,6 +66,9 @@ CASES = [
     (F32, "auto", 8, 2, 64, 16, [1, 600, 1025], False, "head_padding"),  # outer strides
     (BF16, "fp8_e4m3", 8, 2, 64, 16, [1, 600, 1025], False, "blocks_interleaved"),
     (F32, "auto", 4, 2, 32, 16, [0, 0], False, None),  # every row empty: zeros
+    # items of 1-5 tokens (the kernel's short path up to 4), crossing blocks of 3 / 1
+    (BF16, "auto", 12, 2, 80, 3, [1, 2, 3, 4, 5, 514], True, None),
+    (F32, "fp8_e5m2", 4, 2, 48, 1, [2, 4, 516], False, "nhd"),
     # token-major caches (decode): the kernel's second form
     (F32, "auto", 8, 2, 128, 16, [1, 511, 0, 1537], False, "nhd"),  # GQA 4
     (BF16, "auto", 12, 2, 256, 16, [700, 33], True, "hnd"),  # GQA 6, ALiBi
