@@ -122,8 +122,8 @@ HOST_PROGRAM = textwrap.dedent(r"""
       } while (0)
 
     // One case: nh heads of one KV head, head_size dims, tiles of kTile tokens, num_tokens
-    // tokens (the last tile partly past the end).
-    template <typename Codec, int kMaxDims, int kTile>
+    // tokens (the last tile partly past the end), QK in kChains chains (GqaMmaWarp::tile).
+    template <typename Codec, int kMaxDims, int kTile, int kChains = 2>
     void run_case(int head_size, int nh, int num_tokens, unsigned seed) {
       std::mt19937 rng(seed);
       std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -184,7 +184,7 @@ HOST_PROGRAM = textwrap.dedent(r"""
               return (attends[token] >> h) & 1u ? dot * scale : -INFINITY;
             };
             const FragmentsFromPairs<decltype(k_pair), decltype(v_pair)> frags{w.g, w.t, k_pair, v_pair};
-            w.tile(ops, head_size,
+            w.template tile<kChains>(ops, head_size,
                    [&](int b, int s, uint32_t kb[4]) { frags.k_frags(b, s, kb); },
                    [&](int b, int s, uint32_t va[4]) { frags.v_frags(b, s, va); }, logit);
           }
@@ -246,8 +246,8 @@ HOST_PROGRAM = textwrap.dedent(r"""
                 h, d, got, o);
         }
       }
-      std::printf("checked %s D=%d maxD=%d tile=%d heads=%d tokens=%d\n", Codec::name, head_size, kMaxDims,
-                  kTile, nh, num_tokens);
+      std::printf("checked %s D=%d maxD=%d tile=%d heads=%d chains=%d tokens=%d\n", Codec::name, head_size,
+                  kMaxDims, kTile, nh, kChains, num_tokens);
     }
 
     int main() {
@@ -258,6 +258,8 @@ HOST_PROGRAM = textwrap.dedent(r"""
       run_case<Bf16, 256, 8>(256, 6, 20, 5);
       run_case<F16, 32, 32>(32, 3, 100, 6);
       run_case<Bf16, 128, 16>(112, 1, 50, 7);
+      run_case<Bf16, 256, 16, 1>(256, 8, 45, 8);  // one QK chain: the kernel's fp8 caches
+      run_case<F16, 96, 16, 1>(80, 5, 29, 9);
       if (failures != 0) {
         std::printf("%d failures\n", failures);
         return 1;
@@ -270,7 +272,8 @@ HOST_PROGRAM = textwrap.dedent(r"""
 CASES = ("bf16 D=128 maxD=128 tile=8 heads=8", "fp16 D=120 maxD=128 tile=8 heads=5",
          "bf16 D=80 maxD=96 tile=8 heads=4", "fp16 D=64 maxD=64 tile=16 heads=8",
          "bf16 D=256 maxD=256 tile=8 heads=6", "fp16 D=32 maxD=32 tile=32 heads=3",
-         "bf16 D=112 maxD=128 tile=16 heads=1")
+         "bf16 D=112 maxD=128 tile=16 heads=1", "bf16 D=256 maxD=256 tile=16 heads=8 chains=1",
+         "fp16 D=80 maxD=96 tile=16 heads=5 chains=1")
 
 
 def test_gqa_mma_matches_float64_attention(tmp_path):

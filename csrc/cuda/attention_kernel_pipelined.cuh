@@ -200,6 +200,15 @@ __device__ __forceinline__ void pipelined_attention(const PagedAttentionParams& 
   const bool v_chunked = token_major ? (p.v_layout.token_stride * kElem) % 16 == 0
                                      : block_size % kX == 0;
   const int num_k_vecs = head_size / kX;  // 16-byte chunks per token row (K, token-major V)
+  // issue_tile's per-lane copy trip counts: chunk j of a K / token-major V row is copied when
+  // j < k_chunk_iters (chunk vec0 + j * kVecStep < num_k_vecs), dim row j of vLLM V when
+  // j < v_dim_iters (dim v_d0 + j * kDimStep < head_size). NOTE: one register each; a bound
+  // test per j kept one register per j live across the token loop (ptxas spilled at head 256).
+  const int vec0 = lane / kCopyTokens;
+  const int k_chunk_iters =
+      num_k_vecs > vec0 ? (num_k_vecs - vec0 + kVecStep - 1) / kVecStep : 0;
+  const int v_d0 = lane / kGroups;
+  const int v_dim_iters = head_size > v_d0 ? (head_size - v_d0 + kDimStep - 1) / kDimStep : 0;
   const CudaShuffleXor<kWarpSize> shuffle;
   const FastDivmod block_divider(block_size);  // token -> (block-table entry, slot in the block)
   bool bad_block = false;
@@ -274,7 +283,6 @@ __device__ __forceinline__ void pipelined_attention(const PagedAttentionParams& 
       // loops run over the instantiation's largest row (compile-time trip counts) and skip
       // chunks past head_size. A token that is not read copies 0 bytes from the cache's first
       // element.
-      const int vec0 = lane / kCopyTokens;
       // the tile's rows of one cache: token t's row at head + off (off: lane t's), chunk i at
       // i * chunk_stride elements; shared-memory row of token t at rows + t * row_bytes
       auto copy_token_rows = [&](const CacheT* head, int64_t off, int64_t chunk_stride,
@@ -290,8 +298,7 @@ __device__ __forceinline__ void pipelined_attention(const PagedAttentionParams& 
           const SharedAddress dst = rows + (tok * row_bytes + vec0 * 16);
 #pragma unroll
           for (int j = 0; j < kVecIters; ++j, src += src_step)
-            if (vec0 + j * kVecStep < num_k_vecs)
-              copy16_async(dst + j * kVecStep * 16, src, chunk_bytes);
+            if (j < k_chunk_iters) copy16_async(dst + j * kVecStep * 16, src, chunk_bytes);
         }
       };
       copy_token_rows(k_head, k_off, k_vec_stride, k_copy_dst, Cfg::kKRowBytes);
@@ -303,15 +310,14 @@ __device__ __forceinline__ void pipelined_attention(const PagedAttentionParams& 
         const int v_tok = (lane % kGroups) * kX;
         const uint32_t v_mask = __shfl_sync(0xffffffffu, mask, v_tok);
         const int64_t off = shfl_int64(v_off, v_tok);
-        const int in_range = clamp_int(tok_end - (tile0 + v_tok), 0, kX);
-        const int bytes = v_mask != 0 ? in_range * kElem : 0;
-        const int d0 = lane / kGroups;
-        const CacheT* src = bytes > 0 ? v_head + off + d0 * v_dim_stride : v_head;
+        // (a token that is read lies before tok_end)
+        const int bytes = v_mask != 0 ? min(tok_end - (tile0 + v_tok), kX) * kElem : 0;
+        const CacheT* src = bytes > 0 ? v_head + off + v_d0 * v_dim_stride : v_head;
         const int64_t src_step = bytes > 0 ? kDimStep * v_dim_stride : 0;
 #pragma unroll
         for (int j = 0; j < kDimIters; ++j, src += src_step)
-          if (d0 + j * kDimStep < head_size)
-            copy16_async(v_copy_dst + Cfg::v_offset(d0 + j * kDimStep, v_tok * kElem), src,
+          if (j < v_dim_iters)
+            copy16_async(v_copy_dst + Cfg::v_offset(v_d0 + j * kDimStep, v_tok * kElem), src,
                          bytes);
       } else if (v_chunked) {  // token-major V: [token][dim] rows, as K
         copy_token_rows(v_head, v_off, kX, v_copy_dst, Cfg::kVTokenRowBytes);
@@ -444,7 +450,9 @@ __device__ __forceinline__ void pipelined_attention(const PagedAttentionParams& 
         auto run_tile = [&](auto v_pair) {  // v_pair(d, tok): V[tok][d], V[tok + 1][d]
           const FragmentsFromPairs<decltype(k_pair), decltype(v_pair)> frags{mma.g, mma.t,
                                                                               k_pair, v_pair};
-          mma.tile(
+          // head 256: one QK chain (four registers fewer per block; at two, ptxas spilled on
+          // sm_100 / sm_120), its MMA latency behind the pair decode
+          mma.template tile<kMaxDims >= 256 ? 1 : 2>(
               mma_ops, head_size, [&](int b, int s, uint32_t kb[4]) { frags.k_frags(b, s, kb); },
               [&](int b, int s, uint32_t va[4]) { frags.v_frags(b, s, va); }, logit);
         };

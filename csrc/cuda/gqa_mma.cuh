@@ -102,11 +102,14 @@ PA_UNROLL
   // Tokens with a -inf logit for every head must still read as finite V (0 in shared memory):
   // 0 * NaN would reach the accumulator. The kernel loads the fragments with ldmatrix (16-bit
   // caches) or builds them from element pairs (fragments_from_pairs below).
-  template <typename KFrags, typename VFrags, typename Logit>
+  // kQkChains: QK's chains of dependent MMAs per block, 2 (even and odd slices apart, then
+  // added: for fragments that arrive fast, by ldmatrix) or 1 (for fragments decoded pair by
+  // pair, whose decode hides the MMA latency: four accumulator registers fewer per block).
+  template <int kQkChains = 2, typename KFrags, typename VFrags, typename Logit>
   PA_HOST_DEVICE void tile(const Ops& ops, int head_size, KFrags k_frags, VFrags v_frags,
                            Logit logit) {
+    static_assert(kQkChains == 1 || kQkChains == 2, "one or two QK chains");
     // ---- QK: S[g][8b + 2t + i] = logit[b][i] ----
-    // even and odd slices accumulate apart (two chains of dependent MMAs, not one), then add
     float logits[kBlocks][2];
 PA_UNROLL
     for (int b = 0; b < kBlocks; ++b) {
@@ -121,11 +124,13 @@ PA_UNROLL
         ops.mma16816(c_even, qa0, kb);
         if (16 * (s + 1) < head_size) {
           const uint32_t qa1[4] = {q[s + 1][0], 0u, q[s + 1][1], 0u};
-          ops.mma16816(c_odd, qa1, kb + 2);
+          ops.mma16816(kQkChains == 2 ? c_odd : c_even, qa1, kb + 2);
         }
       }
-      logits[b][0] = logit(g, 8 * b + 2 * t, c_even[0] + c_odd[0]);
-      logits[b][1] = logit(g, 8 * b + 2 * t + 1, c_even[1] + c_odd[1]);
+      const float dot0 = kQkChains == 2 ? c_even[0] + c_odd[0] : c_even[0];
+      const float dot1 = kQkChains == 2 ? c_even[1] + c_odd[1] : c_even[1];
+      logits[b][0] = logit(g, 8 * b + 2 * t, dot0);
+      logits[b][1] = logit(g, 8 * b + 2 * t + 1, dot1);
     }
 
     // ---- online softmax of head g ----

@@ -9,7 +9,7 @@
 # Env:   SMOKE_ARCHS  default "7.5;8.0;9.0;10.0;12.0": the archs of the default build list
 #                     (build_helpers/cuda_build.py); CI's CUDA build compiles every
 #                     file for 9.0 (scripts/ci/cuda_build.sh)
-#        SMOKE_FILES  default "attention_bfloat16_auto*.cu attention_bfloat16_fp8e4m3_d4.cu
+#        SMOKE_FILES  default "attention_bfloat16_auto*.cu attention_bfloat16_fp8e4m3_d8.cu
 #                     reshape_and_cache.cu" (globs of names
 #                     in csrc/cuda or among the files generated from dispatch.cuh's lists):
 #                     attention_bfloat16_auto_d<N>.cu hold the attention kernels of every head
@@ -18,8 +18,9 @@
 #                     baseline is checked) and attention_bfloat16_auto.cu the v2 reduce kernel of one
 #                     dtype (the first pair of each dtype instantiates the reduce kernel; bf16:
 #                     its conversions are emulated before sm_80, so sm_75 compiles other code
-#                     than CI's main build); attention_bfloat16_fp8e4m3_d4.cu one group on an fp8
-#                     cache (decoded in software before sm_89, by the hardware from sm_89);
+#                     than CI's main build); attention_bfloat16_fp8e4m3_d8.cu one group on an fp8
+#                     cache (decoded in software before sm_89, by the hardware from sm_89), the
+#                     head-256 group: the most registers (where sm_100 / sm_120 once spilled);
 #                     reshape_and_cache.cu holds every reshape_and_cache kernel.
 #        JOBS, NVCC   as in cuda_resource_report.sh
 # Needs nvcc; no GPU, no torch. Exit status non-zero on a compile error, a spill, or a family
@@ -28,7 +29,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT="${1:-$ROOT/build/cuda_arch_smoke.txt}"
 ARCHS="${SMOKE_ARCHS:-7.5;8.0;9.0;10.0;12.0}"
-FILES="${SMOKE_FILES:-attention_bfloat16_auto*.cu attention_bfloat16_fp8e4m3_d4.cu reshape_and_cache.cu}"
+FILES="${SMOKE_FILES:-attention_bfloat16_auto*.cu attention_bfloat16_fp8e4m3_d8.cu reshape_and_cache.cu}"
 mkdir -p "$(dirname "$OUT")"
 
 TORCH_CUDA_ARCH_LIST="$ARCHS" ONLY="$FILES" bash "$ROOT/scripts/ci/cuda_resource_report.sh" "$OUT"
