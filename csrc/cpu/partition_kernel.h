@@ -24,6 +24,8 @@
 //   fold16 fold8 sum_x4      token sums of QK accumulators in "x form" (below)
 //   kQkHeads kRowPvHeads kTokenPvHeads   most query heads in one register tile of QK / PV
 //                      (vLLM's layout) / PV (token-major)
+//   kE4m3RowPvHeads    kRowPvHeads for an e4m3 cache (its V rows cost the most to decode: a
+//                      tile of more heads decodes each row once for more of them)
 //   kRowProbsInRegisters kTokenProbsInRegisters   PV (vLLM's layout / token-major) keeps a
 //                      tile's probabilities in registers (else re-reads them from L1)
 //   qk_vecs(gt)        K vectors per QK pass for a tile of gt heads
@@ -323,6 +325,12 @@ inline void softmax_in_place(float* buf, int lo, int hi, float* m_out, float* s_
 
 // ---- PV ----
 
+// Most query heads in one register tile of vLLM-layout PV on this cache.
+template <typename Cache>
+constexpr int row_pv_heads() {
+  return std::is_same_v<Cache, E4M3> ? Isa::kE4m3RowPvHeads : Isa::kRowPvHeads;
+}
+
 // acc[g][dt] += p[g][16 tokens] * V[dt][16 tokens] for the lanes in m. pc: the heads' p of the
 // chunk (head stride s.L); vc: V row d0 of the chunk (row stride s.bs). Inlined with a constant
 // full mask for whole chunks, so the ISAs without mask registers test nothing there.
@@ -612,15 +620,15 @@ void pv_heads(int gt, const typename Cache::storage* V, const Span* spans, int n
     case 2:
       return pv_tile_of<Cache, F, 2>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
     case 3:
-      if constexpr (Isa::kRowPvHeads >= 3)
+      if constexpr (row_pv_heads<Cache>() >= 3)
         return pv_tile_of<Cache, F, 3>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
       return;
     case 4:
-      if constexpr (Isa::kRowPvHeads >= 4)
+      if constexpr (row_pv_heads<Cache>() >= 4)
         return pv_tile_of<Cache, F, 4>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
       return;
     default:
-      if constexpr (Isa::kRowPvHeads >= 6)
+      if constexpr (row_pv_heads<Cache>() >= 6)
         return pv_tile_of<Cache, F, 6>(V, spans, nspans, probs, s, norm, out, out_stride, pf);
   }
 }
@@ -844,7 +852,7 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
       pf.nfirst = nk;
       pf.mem = s.k_mem;
       pf.mem_rest = s.v_mem;
-      const int first_tile = tile_heads(G, 0, Isa::kRowPvHeads);
+      const int first_tile = tile_heads(G, 0, row_pv_heads<Cache>());
       const int steps = F == KvForm::kTokenMajor
                             ? std::max(1, token_pv_steps(spans, nspans, G, s.D))
                             : s.D / Isa::pv_rows(first_tile, s.D % 8 == 0) * nspans;
@@ -909,7 +917,7 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
     pv_token_major<Cache>(V, spans, nspans, logits, s, G, norm, out, out_stride, pf);
   } else {
     for (int g0 = 0; g0 < G;) {
-      const int gt = tile_heads(G, g0, Isa::kRowPvHeads);
+      const int gt = tile_heads(G, g0, row_pv_heads<Cache>());
       pv_heads<Cache, F>(gt, V, spans, nspans, logits + static_cast<int64_t>(g0) * s.L, s,
                          norm + g0, out + g0 * out_stride, out_stride, pf);
       g0 += gt;
