@@ -184,22 +184,27 @@ cudaError_t launch_reduce(const PagedAttentionParams& p, cudaStream_t stream, bo
   TORCH_CHECK(false, "paged_attn: no CUDA v2 reduce kernel compiled for this query dtype");
 }
 
-// The query dtype of params (the split's tmp_out has it).
-at::ScalarType scalar_type_of(ScalarKind kind) {
-  switch (kind) {
-    case ScalarKind::kFloat32: return at::kFloat;
-    case ScalarKind::kFloat16: return at::kHalf;
-    case ScalarKind::kBFloat16: return at::kBFloat16;
-  }
-  TORCH_CHECK(false, "paged_attn: unknown query dtype kind");
+// A split's scratch in one allocation (one caching-allocator call per call, not three), set into
+// p: exp_sums and max_logits float32 [num_seqs, num_heads, P] each, then tmp_out [num_seqs,
+// num_heads, P, head_size] in the query dtype from the next 256-byte boundary. The returned
+// tensor owns it: alive until both launches (the allocator's stream semantics do the rest).
+at::Tensor split_workspace(PagedAttentionParams& p, int num_partitions, c10::Device device) {
+  const int64_t stats = static_cast<int64_t>(p.num_seqs) * p.num_heads * num_partitions;
+  const int64_t out_offset = (2 * stats * static_cast<int64_t>(sizeof(float)) + 255) / 256 * 256;
+  const int64_t out_bytes = stats * p.head_size * scalar_bytes(p.scalar_kind);
+  at::Tensor workspace =
+      at::empty({out_offset + out_bytes}, at::TensorOptions().device(device).dtype(at::kByte));
+  auto* const base = static_cast<unsigned char*>(workspace.data_ptr());
+  p.exp_sums = reinterpret_cast<float*>(base);
+  p.max_logits = p.exp_sums + stats;
+  p.tmp_out = base + out_offset;
+  return workspace;
 }
 
 // v1, decode (is_v2 false, p.partition_size 0; decode: v1's kernel over token-major caches,
 // p.kv_form): one pass when the rows fill the GPU, else the split that plan_split chooses from
-// the shapes (and PAGED_ATTN_CUDA_SPLIT's aim), with its scratch allocated here on the current
-// stream:
-//   exp_sums, max_logits float32 [num_seqs, num_heads, P]; tmp_out [num_seqs, num_heads, P,
-//   head_size] in the query dtype (P = plan.num_partitions).
+// the shapes (and PAGED_ATTN_CUDA_SPLIT's aim), its scratch from split_workspace (P =
+// plan.num_partitions).
 // v2 (p.partition_size 512, the caller's scratch): phase 1 and the reduce.
 // NOTE: the params were made (validated) before the device guard: the guard itself raises a
 // RuntimeError on some bad inputs (mixed devices), where the contract wants make_*_params'
@@ -215,7 +220,7 @@ void attention(const char* op, const PagedAttentionParams& params, bool is_v2,
   TORCH_CHECK(pdl_error.empty(), "paged_attn: ", pdl_error);
   PagedAttentionParams p = params;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  at::Tensor exp_sums, max_logits, tmp_out;  // a split's scratch, alive until both launches
+  at::Tensor workspace;  // a split's scratch, alive until both launches
   if (!is_v2) {
     std::string split_error;
     const cuda::SplitAim aim = cuda::split_aim(&split_error);  // PAGED_ATTN_CUDA_SPLIT
@@ -228,15 +233,7 @@ void attention(const char* op, const PagedAttentionParams& params, bool is_v2,
       TORCH_CHECK(plan.num_partitions <= kMaxGridYZ && plan.partition_size > 0, "paged_attn.",
                   op, ": split plan of ", plan.num_partitions, " partitions of ",
                   plan.partition_size, " tokens is outside the CUDA grid");
-      const auto options = at::TensorOptions().device(device);
-      const std::array<int64_t, 3> stats_shape{p.num_seqs, p.num_heads, plan.num_partitions};
-      exp_sums = at::empty(stats_shape, options.dtype(at::kFloat));
-      max_logits = at::empty(stats_shape, options.dtype(at::kFloat));
-      tmp_out = at::empty({p.num_seqs, p.num_heads, plan.num_partitions, p.head_size},
-                          options.dtype(scalar_type_of(p.scalar_kind)));
-      p.exp_sums = exp_sums.data_ptr<float>();
-      p.max_logits = max_logits.data_ptr<float>();
-      p.tmp_out = tmp_out.data_ptr();
+      workspace = split_workspace(p, plan.num_partitions, device);
       p.max_num_partitions = plan.num_partitions;
       p.partition_size = plan.partition_size;
     }
