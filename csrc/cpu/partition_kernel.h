@@ -332,25 +332,27 @@ constexpr int row_pv_heads() {
 }
 
 // acc[g][dt] += p[g][16 tokens] * V[dt][16 tokens] for the lanes in m. pc: the heads' p of the
-// chunk (head stride s.L); vc: V row d0 of the chunk (row stride s.bs). Inlined with a constant
-// full mask for whole chunks, so the ISAs without mask registers test nothing there.
-template <typename Cache, int GT, int DT>
+// chunk (head stride s.L); vc: V row d0 of the chunk (row stride kBs, or s.bs where kBs is 0).
+// Inlined with a constant full mask for whole chunks, so the ISAs without mask registers test
+// nothing there.
+template <typename Cache, int GT, int DT, int kBs = 0>
 inline void pv_chunk(const float* pc, const typename Cache::storage* vc, const TaskShape& s, Mask m,
                      Vec (&acc)[GT][DT]) {
+  const int64_t bs = kBs > 0 ? kBs : s.bs;
   if constexpr (Isa::kRowProbsInRegisters) {  // p loaded once, kept in registers across dims
     Vec pv[GT];
 #pragma GCC unroll 8
     for (int g = 0; g < GT; ++g) pv[g] = Isa::load(pc + g * s.L, m);
 #pragma GCC unroll 8
     for (int dt = 0; dt < DT; ++dt) {
-      const Vec vr = Isa::template load_cache<Cache>(vc + static_cast<int64_t>(dt) * s.bs, m);
+      const Vec vr = Isa::template load_cache<Cache>(vc + dt * bs, m);
 #pragma GCC unroll 8
       for (int g = 0; g < GT; ++g) acc[g][dt] = Isa::pv_fmadd(vr, pv[g], acc[g][dt]);
     }
   } else {  // few registers: p re-read from L1 per dim (an FMA memory operand), more accumulators
 #pragma GCC unroll 8
     for (int dt = 0; dt < DT; ++dt) {
-      const Vec vr = Isa::template load_cache<Cache>(vc + static_cast<int64_t>(dt) * s.bs, m);
+      const Vec vr = Isa::template load_cache<Cache>(vc + dt * bs, m);
 #pragma GCC unroll 8
       for (int g = 0; g < GT; ++g)
         acc[g][dt] = Isa::pv_fmadd(vr, Isa::load(pc + g * s.L, m), acc[g][dt]);
@@ -370,6 +372,24 @@ inline void pv_span_masked(const typename Cache::storage* vb, const Span& sp, co
                             acc);
 }
 
+// Whole blocks [w0, w1) (block_size a multiple of 16) into acc: unmasked 16-token chunks at row
+// row0. kBs: the block size at compile time (16, 32: the chunk loop unrolled, V rows at fixed
+// offsets), or 0: s.bs, read once (NOTE: a loop bound of s.bs was re-read per block: one chunk
+// per block at 16, so the per-block overhead was a third of the chunk's instructions).
+template <typename Cache, int GT, int DT, int kBs>
+PA_DECODE_INLINE void pv_whole_blocks(const typename Cache::storage* V, const Span* spans, int w0,
+                                      int w1, int64_t row0, const float* probs,
+                                      const TaskShape& s, Vec (&acc)[GT][DT]) {
+  const int bs = kBs > 0 ? kBs : s.bs;
+  const Mask all = Isa::lanes(0, 16);
+  for (int i = w0; i < w1; ++i) {
+    const auto* vb = V + spans[i].v_offset + row0;
+    const float* pb = probs + spans[i].buf;
+#pragma GCC unroll 2
+    for (int tc = 0; tc < bs; tc += 16) pv_chunk<Cache, GT, DT, kBs>(pb + tc, vb + tc, s, all, acc);
+  }
+}
+
 // out[g][d] = norm[g] * sum over the partition's tokens of p[g][t] * V[t][d], heads [0, GT),
 // head dims in tiles of DT (D % DT == 0). probs: [GT][L]; out row g at out + g * out_stride.
 // Only the first and the last block of a partition can be partly in it: the blocks between are
@@ -385,7 +405,6 @@ void pv_tile(const typename Cache::storage* V, const Span* spans, int nspans, co
     w0 = whole_chunks(s, spans[0]) ? 0 : 1;
     w1 = std::max(w0, whole_chunks(s, spans[nspans - 1]) ? nspans : nspans - 1);
   }
-  const Mask all = Isa::lanes(0, 16);
   for (int d0 = 0; d0 < s.D; d0 += DT) {
     Vec acc[GT][DT];
 #pragma GCC unroll 8
@@ -396,11 +415,12 @@ void pv_tile(const typename Cache::storage* V, const Span* spans, int nspans, co
     const int64_t row0 = static_cast<int64_t>(d0) * s.bs;
     for (int i = 0; i < w0; ++i)
       pv_span_masked<Cache, GT, DT>(V + spans[i].v_offset + row0, spans[i], probs, s, acc);
-    for (int i = w0; i < w1; ++i) {
-      const auto* vb = V + spans[i].v_offset + row0;
-      const float* pb = probs + spans[i].buf;
-      for (int tc = 0; tc < s.bs; tc += 16) pv_chunk<Cache, GT, DT>(pb + tc, vb + tc, s, all, acc);
-    }
+    if (s.bs == 16)
+      pv_whole_blocks<Cache, GT, DT, 16>(V, spans, w0, w1, row0, probs, s, acc);
+    else if (s.bs == 32)
+      pv_whole_blocks<Cache, GT, DT, 32>(V, spans, w0, w1, row0, probs, s, acc);
+    else
+      pv_whole_blocks<Cache, GT, DT, 0>(V, spans, w0, w1, row0, probs, s, acc);
     for (int i = w1; i < nspans; ++i)
       pv_span_masked<Cache, GT, DT>(V + spans[i].v_offset + row0, spans[i], probs, s, acc);
 #pragma GCC unroll 8
