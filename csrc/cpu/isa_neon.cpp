@@ -236,6 +236,20 @@ namespace paged_attn {
 namespace cpu {
 namespace neon {
 
+// The variant's entry point (attention_kernel.h): every cache kind and layout form.
+void attention_partition(const PagedAttentionParams& p, const KernelInputs& in,
+                         PartitionTask task, const PartitionTask* next, float* scratch) {
+  run_any_cache(p, in, task, next, scratch, /*bf16_dot=*/false);
+}
+
+}  // namespace neon
+}  // namespace cpu
+}  // namespace paged_attn
+
+namespace paged_attn {
+namespace cpu {
+namespace neon {
+
 // HWCAP_ASIMD (bit 1 of AT_HWCAP) on Linux; Advanced SIMD is part of every other aarch64 ABI.
 bool cpu_supports() {
 #if defined(__linux__)

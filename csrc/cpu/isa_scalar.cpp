@@ -156,6 +156,20 @@ namespace paged_attn {
 namespace cpu {
 namespace scalar {
 
+// The variant's entry point (attention_kernel.h): every cache kind and layout form.
+void attention_partition(const PagedAttentionParams& p, const KernelInputs& in,
+                         PartitionTask task, const PartitionTask* next, float* scratch) {
+  run_any_cache(p, in, task, next, scratch, /*bf16_dot=*/false);
+}
+
+}  // namespace scalar
+}  // namespace cpu
+}  // namespace paged_attn
+
+namespace paged_attn {
+namespace cpu {
+namespace scalar {
+
 bool cpu_supports() { return true; }
 
 }  // namespace scalar

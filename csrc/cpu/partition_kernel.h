@@ -3,7 +3,9 @@
 //
 // Included by each ISA file (isa_<name>.cpp) inside its target region, after it has defined
 // `struct Isa` in namespace paged_attn::cpu::PA_ISA; everything here lands in that namespace, so
-// every ISA gets its own copy of the code, compiled for that ISA only. The layer's contract:
+// every ISA gets its own copy of the code, compiled for that ISA only; the ISA file then defines
+// its variant's entry point (attention_kernel.h), usually one call of run_any_cache (below).
+// The layer's contract:
 //   Vec, Mask          16 fp32 lanes and a lane selection (Mask lanes(lo, hi): [lo, hi), clamped)
 //   zero set1 add sub mul max fmadd(a, b, c) = a * b + c
 //   pv_fmadd(v, p, acc)       vLLM-layout PV: acc + v * p as far as the lane sum goes (only the
@@ -978,12 +980,6 @@ inline void run_any_cache(const PagedAttentionParams& p, const KernelInputs& in,
   if (p.kv_form == KvForm::kTokenMajor)
     return run_form<KvForm::kTokenMajor>(p, in, task, next, scratch, bf16_dot);
   return run_form<KvForm::kVllm>(p, in, task, next, scratch, bf16_dot);
-}
-
-// The variant's entry point (attention_kernel.h); cpu_supports() is the ISA file's own.
-void attention_partition(const PagedAttentionParams& p, const KernelInputs& in, PartitionTask task,
-                         const PartitionTask* next, float* scratch) {
-  run_any_cache(p, in, task, next, scratch, /*bf16_dot=*/false);
 }
 
 }  // namespace PA_ISA
