@@ -263,19 +263,7 @@ struct Isa : EightVecTiles {  // 16 ymm: 8 Vec
 #include "partition_kernel.h"
 #undef PA_ISA
 
-namespace paged_attn {
-namespace cpu {
-namespace avx2 {
-
-// The variant's entry point (attention_kernel.h): every cache kind and layout form.
-void attention_partition(const PagedAttentionParams& p, const KernelInputs& in,
-                         PartitionTask task, const PartitionTask* next, float* scratch) {
-  run_any_cache(p, in, task, next, scratch, /*bf16_dot=*/false);
-}
-
-}  // namespace avx2
-}  // namespace cpu
-}  // namespace paged_attn
+PA_DEFINE_ENTRY_POINT(avx2, avx2, /*bf16_dot=*/false)
 
 #if defined(__clang__)
 #pragma clang attribute pop

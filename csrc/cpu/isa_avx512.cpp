@@ -33,31 +33,8 @@ struct Isa : Avx512Layer {};
 #include "partition_kernel.h"
 #undef PA_ISA
 
-namespace paged_attn {
-namespace cpu {
-namespace avx512 {
-
-void attention_partition(const PagedAttentionParams& p, const KernelInputs& in,
-                         PartitionTask task, const PartitionTask* next, float* scratch) {
-  run_any_cache(p, in, task, next, scratch, /*bf16_dot=*/false);
-}
-
-}  // namespace avx512
-}  // namespace cpu
-}  // namespace paged_attn
-
-namespace paged_attn {
-namespace cpu {
-namespace avx512_bf16 {
-
-void attention_partition(const PagedAttentionParams& p, const KernelInputs& in,
-                         PartitionTask task, const PartitionTask* next, float* scratch) {
-  avx512::run_any_cache(p, in, task, next, scratch, /*bf16_dot=*/true);
-}
-
-}  // namespace avx512_bf16
-}  // namespace cpu
-}  // namespace paged_attn
+PA_DEFINE_ENTRY_POINT(avx512, avx512, /*bf16_dot=*/false)
+PA_DEFINE_ENTRY_POINT(avx512_bf16, avx512, /*bf16_dot=*/true)
 
 #if defined(__clang__)
 #pragma clang attribute pop

@@ -232,19 +232,7 @@ struct Isa : EightVecTiles {  // 16 ymm / 32 q registers: 8 Vec
 #include "partition_kernel.h"
 #undef PA_ISA
 
-namespace paged_attn {
-namespace cpu {
-namespace neon {
-
-// The variant's entry point (attention_kernel.h): every cache kind and layout form.
-void attention_partition(const PagedAttentionParams& p, const KernelInputs& in,
-                         PartitionTask task, const PartitionTask* next, float* scratch) {
-  run_any_cache(p, in, task, next, scratch, /*bf16_dot=*/false);
-}
-
-}  // namespace neon
-}  // namespace cpu
-}  // namespace paged_attn
+PA_DEFINE_ENTRY_POINT(neon, neon, /*bf16_dot=*/false)
 
 namespace paged_attn {
 namespace cpu {

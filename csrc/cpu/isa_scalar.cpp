@@ -152,19 +152,7 @@ struct Isa {
 #include "partition_kernel.h"
 #undef PA_ISA
 
-namespace paged_attn {
-namespace cpu {
-namespace scalar {
-
-// The variant's entry point (attention_kernel.h): every cache kind and layout form.
-void attention_partition(const PagedAttentionParams& p, const KernelInputs& in,
-                         PartitionTask task, const PartitionTask* next, float* scratch) {
-  run_any_cache(p, in, task, next, scratch, /*bf16_dot=*/false);
-}
-
-}  // namespace scalar
-}  // namespace cpu
-}  // namespace paged_attn
+PA_DEFINE_ENTRY_POINT(scalar, scalar, /*bf16_dot=*/false)
 
 namespace paged_attn {
 namespace cpu {

@@ -4,7 +4,7 @@
 // Included by each ISA file (isa_<name>.cpp) inside its target region, after it has defined
 // `struct Isa` in namespace paged_attn::cpu::PA_ISA; everything here lands in that namespace, so
 // every ISA gets its own copy of the code, compiled for that ISA only; the ISA file then defines
-// its variant's entry point (attention_kernel.h), usually one call of run_any_cache (below).
+// its variant's entry point (attention_kernel.h), usually with PA_DEFINE_ENTRY_POINT (below).
 // The layer's contract:
 //   Vec, Mask          16 fp32 lanes and a lane selection (Mask lanes(lo, hi): [lo, hi), clamped)
 //   zero set1 add sub mul max fmadd(a, b, c) = a * b + c
@@ -981,6 +981,20 @@ inline void run_any_cache(const PagedAttentionParams& p, const KernelInputs& in,
     return run_form<KvForm::kTokenMajor>(p, in, task, next, scratch, bf16_dot);
   return run_form<KvForm::kVllm>(p, in, task, next, scratch, bf16_dot);
 }
+
+// Defines variant `name`'s entry point (attention_kernel.h) as this algorithm on ISA namespace
+// `isa` for every cache kind and form; bf16_dot as run_form's. Used outside the namespaces.
+#define PA_DEFINE_ENTRY_POINT(name, isa, bf16_dot)                                           \
+  namespace paged_attn {                                                                    \
+  namespace cpu {                                                                           \
+  namespace name {                                                                          \
+  void attention_partition(const PagedAttentionParams& p, const KernelInputs& in,           \
+                           PartitionTask task, const PartitionTask* next, float* scratch) { \
+    isa::run_any_cache(p, in, task, next, scratch, bf16_dot);                               \
+  }                                                                                         \
+  }                                                                                         \
+  }                                                                                         \
+  }
 
 }  // namespace PA_ISA
 }  // namespace cpu
