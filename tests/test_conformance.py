@@ -167,6 +167,32 @@ def test_head_tiles_and_head_sizes_match_oracle(backend, case):
     check_v1_v2(backend, case.inputs(backend.device))
 
 
+# bf16 shapes for the CPU kernel's matrix tiles (the amx variant: csrc/cpu/amx_tiles.h): head
+# tiles of every size and more than one (G 1 .. 20), head sizes with a tail of the 32-dim chunks
+# (80, 112, 40), two K chunks and two PV passes (256), blocks of 1 .. 8 16-token groups, partitions
+# that start and end inside a chunk; on vLLM's layout (v1 / v2) and token-major (decode).
+TILE_GRID = [
+    (8, 8, 128, 16, [1, 17, 600], False),    # G 1
+    (12, 4, 64, 32, [513, 5, 1100], True),   # G 3
+    (32, 8, 128, 64, [77, 1537], False),     # G 4, bs 64
+    (10, 2, 80, 16, [700, 33], False),       # G 5, a 16-dim tail
+    (12, 2, 256, 32, [1100, 3], True),       # G 6, two K chunks, two PV passes
+    (16, 2, 96, 128, [600, 129], False),     # G 8, bs 128
+    (24, 2, 112, 16, [513, 40], False),      # G 12, a 16-dim tail
+    (20, 1, 160, 32, [300, 1025], True),     # G 20, several head tiles everywhere
+    (6, 2, 40, 16, [520, 9], False),         # G 3, head 40 (token-major tiles only)
+]
+TILE_CASES = [Case(BF16, "auto", h, kvh, d, bs, lens, alibi, 7 * d + bs)
+              for h, kvh, d, bs, lens, alibi in TILE_GRID]
+
+
+@pytest.mark.parametrize("case", params_of(TILE_CASES))
+def test_matrix_tile_shapes_match_oracle(backend, case):
+    check_v1_v2(backend, case.inputs(backend.device))
+    for layout in ("nhd", "hnd"):
+        check_decode(backend, case.decode_inputs(backend.device, layout))
+
+
 FP8_GRID = [
     (32, 8, 128, 16, [1, 512, 513, 1537, 100], False),
     (8, 8, 64, 8, [511, 0, 64], True),

@@ -1,6 +1,6 @@
 """No code built for a newer ISA can run before the run-time check: in the compiled extension,
 every function that touches a 256- or 512-bit register belongs to an ISA file's namespace
-(avx2::, avx512::, avx512_bf16::), which only runs after its cpu_supports() said yes. A standard
+(avx2::, avx512::, avx512_bf16::, amx::), which only runs after its cpu_supports() said yes. A standard
 library inline function compiled inside an ISA region would show up here (the linker may keep
 that copy for baseline callers: SIGILL on an older CPU)."""
 
@@ -21,7 +21,7 @@ pytestmark = [
 ]
 
 ISA_NAMESPACES = ("paged_attn::cpu::avx2::", "paged_attn::cpu::avx512::",
-                  "paged_attn::cpu::avx512_bf16::")
+                  "paged_attn::cpu::avx512_bf16::", "paged_attn::cpu::amx::")
 
 
 def _functions_using_wide_registers(path: str) -> set:

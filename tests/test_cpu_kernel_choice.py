@@ -40,6 +40,8 @@ def _expected_best() -> str:
     if machine == "x86_64":
         avx512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"} <= flags
         if avx512 and "AVX512" in cap:
+            if {"avx512_bf16", "amx_tile", "amx_bf16"} <= flags:
+                return "amx"  # (Linux grants the tile state to every process since 5.16)
             # the bf16 dot product leads only where it was measured faster: AMD (isa_avx512.cpp)
             amd = _cpuinfo("vendor_id") == "AuthenticAMD"
             return "avx512-bf16" if "avx512_bf16" in flags and amd else "avx512"

@@ -28,6 +28,10 @@ namespace cpu {
 // Isa::kHasBf16Dot in partition_kernel.h). Its scalar decode is BF16's.
 struct BF16Dot : BF16 {};
 
+// bf16 cache whose QK and PV run on matrix tiles (the layer's tiles_* hooks, partition_kernel.h;
+// AMX: amx_tiles.h). Its scalar decode is BF16's.
+struct BF16Tiles : BF16 {};
+
 // Lanes [lo, hi) of a 16-lane vector, clamped: the mask of ISAs without mask registers.
 struct LaneRange {
   int lo, hi;

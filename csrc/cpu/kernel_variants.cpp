@@ -10,6 +10,7 @@ namespace cpu {
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define PA_X86_64 1
+PA_DECLARE_KERNEL_VARIANT(amx)
 PA_DECLARE_KERNEL_VARIANT(avx512_bf16)
 PA_DECLARE_KERNEL_VARIANT(avx512)
 PA_DECLARE_KERNEL_VARIANT(avx2)
@@ -26,6 +27,8 @@ PA_DECLARE_KERNEL_VARIANT(scalar)
 namespace {
 const KernelVariant kVariants[] = {
 #ifdef PA_X86_64
+    // bf16 caches on AMX tiles (amx_tiles.h); everything else runs avx512's code
+    {"amx", IsaLevel::kAvx512, amx::cpu_supports, amx::attention_partition, nullptr},
     {"avx512-bf16", IsaLevel::kAvx512, avx512_bf16::cpu_supports, avx512_bf16::attention_partition,
      avx512_bf16::slower_here},
     {"avx512", IsaLevel::kAvx512, avx512::cpu_supports, avx512::attention_partition, nullptr},

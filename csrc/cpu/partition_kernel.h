@@ -35,6 +35,9 @@
 //   pv_vecs(gt, wide)  vectors of 16 dims per token-major PV pass
 //   kHasBf16Dot        true if the layer also supplies qk_bf16dot / qk_bf16dot_token_major /
 //                      pv_bf16dot / pv_bf16dot_token_major / probs_to_bf16
+//   tiles_begin tiles_qk_block tiles_pv_steps tiles_pv   only for a BF16Tiles cache (a layer
+//                      with matrix tiles, amx_tiles.h): the query packed, one block's QK for all
+//                      heads, the item's PV, in place of the register-tile code
 //
 // Algorithm per work item (G query heads share the KV head; head tiles share every K / V load):
 //   spans   the partition's blocks from the block table: 64-bit element offset of the block's
@@ -710,7 +713,7 @@ inline void mask_unattended_heads(const PagedAttentionParams& p, PartitionTask t
 // are first gathered into fp32 rows and the work is per token: a dot product per (head, token),
 // a weighted sum of V rows per head. Only the item's slots are read.
 template <typename Cache>
-using ShortElem = std::conditional_t<std::is_same_v<Cache, BF16Dot>, BF16, Cache>;
+using ShortElem = std::conditional_t<std::is_base_of_v<BF16, Cache>, BF16, Cache>;
 
 // row[0, Dq) = dims of token `slot` of a K (is_key) or V slice as fp32, 0 past D.
 template <typename Cache, KvForm F>
@@ -789,6 +792,8 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
                    const PartitionTask* next, float* scratch) {
   using T = typename Cache::storage;
   constexpr bool kBf16Dot = std::is_same_v<Cache, BF16Dot>;
+  constexpr bool kTiles = std::is_same_v<Cache, BF16Tiles>;
+  using Layer = typename IsaFor<Cache>::type;  // names the optional members of the layer
   const T* K = static_cast<const T*>(p.key_cache);
   const T* V = static_cast<const T*>(p.value_cache);
   const int G = p.num_heads / p.num_kv_heads;
@@ -824,6 +829,7 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
   const bool short_item = hi - lo <= kShortTokens && !blocksparse_active(p.blocksparse);
   float* short_rows = scratch + layout.short_rows;
   PrefetchStream pf;
+  float* tiles = nullptr;  // kTiles: the layer's tile scratch for this item
   if (short_item) {
     *(scratch + layout.v_ahead) = 0.0f;  // nothing of the next item prefetched
     gather_short_item<Cache, F>(K, V, spans, nspans, s, short_rows);
@@ -831,7 +837,9 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
   } else {
     // qs[g][d] = qk_scale * q[h0 + g][d] for d < Dq (0 past D); for BF16Dot, the bf16 bits of
     // q[h0 + g][d] (exact: the query is bf16, its fp32 copy's top half) and QK scales the sums.
-    if constexpr (kBf16Dot) {
+    if constexpr (kTiles) {
+      tiles = Layer::template tiles_begin<F>(q, G, s);
+    } else if constexpr (kBf16Dot) {
       auto* qb = reinterpret_cast<uint16_t*>(qs);
       for (int64_t i = 0; i < static_cast<int64_t>(G) * s.D; ++i) {
         uint32_t bits;
@@ -875,9 +883,12 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
       pf.mem = s.k_mem;
       pf.mem_rest = s.v_mem;
       const int first_tile = tile_heads(G, 0, row_pv_heads<Cache>());
-      const int steps = F == KvForm::kTokenMajor
-                            ? std::max(1, token_pv_steps(spans, nspans, G, s.D))
-                            : s.D / Isa::pv_rows(first_tile, s.D % 8 == 0) * nspans;
+      int steps = 0;
+      if constexpr (kTiles)
+        steps = std::max(1, Layer::template tiles_pv_steps<F>(spans, nspans, s, G));
+      else
+        steps = F == KvForm::kTokenMajor ? std::max(1, token_pv_steps(spans, nspans, G, s.D))
+                                         : s.D / Isa::pv_rows(first_tile, s.D % 8 == 0) * nspans;
       const int64_t lines = nk * s.k_mem.lines() + nv * s.v_mem.lines();
       pf.lines_per_step = static_cast<int>((lines + steps - 1) / steps);
     }
@@ -896,14 +907,19 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
                              : nullptr;
       const char* pf_v =
           v_prefetched ? nullptr : reinterpret_cast<const char*>(V + spans[i].v_offset);
-      for (int g0 = 0; g0 < G;) {
-        const int gt = tile_heads(G, g0, Isa::kQkHeads);
-        const float* qs_tile = kBf16Dot ? qs + static_cast<int64_t>(g0) * s.D / 2  // 2 bf16 a float
-                                        : qs + static_cast<int64_t>(g0) * s.Dq;
-        qk_tile<Cache, F>(gt, K + spans[i].k_offset, qs_tile, in.qk_scale, s,
-                       logits + static_cast<int64_t>(g0) * s.L + spans[i].buf, pf_k, pf_v);
-        pf_k = pf_v = nullptr;  // once per block
-        g0 += gt;
+      if constexpr (kTiles) {  // all heads at once
+        Layer::template tiles_qk_block<F>(K + spans[i].k_offset, G, in.qk_scale, s,
+                                          logits + spans[i].buf, pf_k, pf_v, tiles);
+      } else {
+        for (int g0 = 0; g0 < G;) {
+          const int gt = tile_heads(G, g0, Isa::kQkHeads);
+          const float* qs_tile = kBf16Dot ? qs + static_cast<int64_t>(g0) * s.D / 2  // 2 bf16 a float
+                                          : qs + static_cast<int64_t>(g0) * s.Dq;
+          qk_tile<Cache, F>(gt, K + spans[i].k_offset, qs_tile, in.qk_scale, s,
+                            logits + static_cast<int64_t>(g0) * s.L + spans[i].buf, pf_k, pf_v);
+          pf_k = pf_v = nullptr;  // once per block
+          g0 += gt;
+        }
       }
     }
   }
@@ -935,6 +951,8 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
   const int64_t out_stride = static_cast<int64_t>(in.num_partitions) * s.D;
   if (short_item) {
     short_pv(logits, short_rows + kShortTokens * s.Dq, hi - lo, s, G, lo, norm, out, out_stride);
+  } else if constexpr (kTiles) {
+    Layer::template tiles_pv<F>(V, spans, nspans, logits, s, G, norm, out, out_stride, pf, tiles);
   } else if constexpr (F == KvForm::kTokenMajor) {
     pv_token_major<Cache>(V, spans, nspans, logits, s, G, norm, out, out_stride, pf);
   } else {
