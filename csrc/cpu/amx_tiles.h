@@ -3,12 +3,12 @@
 // for a BF16Tiles cache:
 //   tiles_begin<F>(q, G, s)     packs the G heads' query for the QK tiles and loads QK's tile
 //                               configuration; returns the item's tile scratch
-//   tiles_qk_block<F>(kblk, G, qk_scale, s, logits, pf_k, pf_v, tiles)   one block's logits for
-//                               all heads (logits [G][s.L] at the block's slot 0); pf_k / pf_v:
-//                               slices prefetched into L2 a share per 16 tokens (may be null)
-//   tiles_pv_steps<F>(spans, nspans, s, G)   the pf.step() calls tiles_pv makes
-//   tiles_pv<F>(V, spans, nspans, probs, s, G, norm, out, out_stride, pf, tiles)   the item's
-//                               output rows; loads PV's configuration, releases the tiles after
+//   tiles_qk_blocks_per_call<F>(s)   how many blocks one tiles_qk_blocks call takes (<= 4)
+//   tiles_qk_blocks<F>(group, G, qk_scale, s, tiles)   the logits of the group's blocks for all
+//                               heads (logits [G][s.L] at each block's slot 0), prefetching the
+//                               group's slices into L2 meanwhile
+//   tiles_pv<F>(V, spans, nspans, probs, s, G, norm, out, out_stride, tiles)   the item's output
+//                               rows; loads PV's configuration, releases the tiles after
 // Included by isa_amx.cpp only, inside its AMX target region, after avx512_layer.h.
 #pragma once
 
@@ -180,23 +180,35 @@ inline __m512i column_index(int g) {
       _mm512_set1_epi32(g));
 }
 
-// Token-major: logits[h][t] = qk_scale * q[h] . k[t] for the block's bs tokens, all G heads.
-inline void qk_token_major_block(const uint16_t* kblk, int G, float qk_scale, const TaskShape& s,
-                                 float* logits, RowSharePrefetch& pf, const TileScratch& ts) {
-  const int gm = tile_size(G, kQkTokenHeads), groups = s.bs / 16;
+// Token-major: logits[h][t] = qk_scale * q[h] . k[t] for the tokens of the blocks of `group`, all G
+// heads. The blocks' 16-token groups fill the four C tiles in turn, so that the tile products of a
+// 32-dim chunk are independent (one block of 16 tokens alone would chain them). pf: one
+// row-share prefetch per block, a row per 16 tokens and 32 dims.
+inline void qk_token_major_blocks(const TileQkBlocks<uint16_t>& group, int G, float qk_scale,
+                                  const TaskShape& s, RowSharePrefetch* pf, const TileScratch& ts) {
+  const int gm = tile_size(G, kQkTokenHeads), per_block = s.bs / 16, total = group.n * per_block;
   const int64_t stride = s.k_token_stride;
   const __m512 scale = _mm512_set1_ps(qk_scale);
   for (int g0 = 0; g0 < G; g0 += gm) {
     const int gt = std::min(gm, G - g0);
-    for (int tg0 = 0; tg0 < groups; tg0 += 4) {
-      const int nt = std::min(4, groups - tg0);
-      for (int i = 0; i < nt; ++i) zero_tile(i);
+    for (int q0 = 0; q0 < total; q0 += 4) {
+      const int nt = std::min(4, total - q0);
+      const uint16_t* rows[4];  // C tile i: the 16 K rows of token group q0 + i
+      float* logits[4];
+      RowSharePrefetch* share[4];
+      for (int i = 0; i < nt; ++i) {
+        const int b = (q0 + i) / per_block, tg = (q0 + i) % per_block;
+        rows[i] = group.k[b] + 16 * tg * stride;
+        logits[i] = group.logits[b] + 16 * tg;
+        share[i] = &pf[b];
+        zero_tile(i);
+      }
       for (int d0 = 0; d0 < s.D; d0 += 32) {
         _tile_loadd(5, ts.q + (d0 / 2) * G + g0, 4 * G);
         const int dims = s.D - d0;
         for (int i = 0; i < nt; ++i) {
-          if (g0 == 0) pf.row();
-          const uint16_t* a = kblk + 16 * (tg0 + i) * stride + d0;
+          if (g0 == 0) share[i]->row();
+          const uint16_t* a = rows[i] + d0;
           int64_t a_stride = 2 * stride;
           if (dims < 32) {  // the rows' last dims, zero padded to 32
             for (int t = 0; t < 16; ++t)
@@ -211,7 +223,7 @@ inline void qk_token_major_block(const uint16_t* kblk, int G, float qk_scale, co
       for (int i = 0; i < nt; ++i) store_tile(i, ts.c + 256 * i);
       for (int i = 0; i < nt; ++i)
         for (int g = 0; g < gt; ++g)
-          _mm512_storeu_ps(logits + (g0 + g) * static_cast<int64_t>(s.L) + 16 * (tg0 + i),
+          _mm512_storeu_ps(logits[i] + (g0 + g) * static_cast<int64_t>(s.L),
                            _mm512_mul_ps(scale, _mm512_i32gather_ps(column_index(g),
                                                                     ts.c + 256 * i, 4)));
     }
@@ -325,15 +337,6 @@ inline int v_chunks(const uint16_t* V, const Span* spans, int nspans, const Task
   return n;
 }
 
-// The number of chunks v_chunks finds (no staging).
-template <KvForm F>
-inline int count_v_chunks(const Span* spans, int nspans, const TaskShape& s) {
-  const int tc = chunk_tokens<F>(s);
-  int n = 0;
-  for (int i = 0; i < nspans; ++i) n += (spans[i].hi - 1) / tc - spans[i].lo / tc + 1;
-  return n;
-}
-
 // Token-major P rows for heads [g0, g0 + gt) of a tile of gm: row g = (bf16 p, 0) pairs, row
 // gm + g = (0, bf16 p), slot columns (row stride L), 0 outside [lo, hi).
 inline void pack_probs_token_major(const float* probs, int L, int g0, int gt, int gm, int lo,
@@ -367,7 +370,7 @@ inline void pack_probs_vllm(const float* probs, int L, int g0, int gt, int lo, i
 // Token-major PV of all G heads: head tiles of gm, dims in passes of up to 4 x 32 (C tmm0-3).
 inline void pv_token_major(const Chunk* chunks, int n, const float* probs, const TaskShape& s,
                            int G, int lo, int hi, const float* norm, float* out,
-                           int64_t out_stride, PrefetchStream& pf, const TileScratch& ts) {
+                           int64_t out_stride, const TileScratch& ts) {
   const int gm = tile_size(G, kPvTokenHeads), nd = (s.D + 31) / 32;
   const __m512i even_lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
   const __m512i even_hi =
@@ -379,7 +382,6 @@ inline void pv_token_major(const Chunk* chunks, int n, const float* probs, const
       const int nk = std::min(4, nd - k0);
       for (int k = 0; k < nk; ++k) zero_tile(k);
       for (int i = 0; i < n; ++i) {
-        pf.step();
         _tile_loadd(4, ts.p + chunks[i].p, 4 * s.L);
         for (int k = 0; k < nk; ++k) {
           const int d0 = 32 * (k0 + k);
@@ -419,7 +421,7 @@ inline int vllm_pv_passes(int D) { return (D / 16 + 5) / 6; }
 // vLLM-layout PV of all G heads: head tiles of gm, dims in passes of up to 6 x 16 (C tmm0-5).
 inline void pv_vllm(const Chunk* chunks, int n, const float* probs, const TaskShape& s, int G,
                     int lo, int hi, const float* norm, float* out, int64_t out_stride,
-                    PrefetchStream& pf, const TileScratch& ts) {
+                    const TileScratch& ts) {
   const int gm = tile_size(G, kPvVllmHeads), tiles16 = s.D / 16, passes = vllm_pv_passes(s.D);
   for (int g0 = 0; g0 < G; g0 += gm) {
     const int gt = std::min(gm, G - g0);
@@ -428,7 +430,6 @@ inline void pv_vllm(const Chunk* chunks, int n, const float* probs, const TaskSh
       const int nj = (tiles16 - j0 + (passes - pass) - 1) / (passes - pass);
       for (int j = 0; j < nj; ++j) zero_tile(j);
       for (int i = 0; i < n; ++i) {
-        pf.step();
         _tile_loadd(7, ts.p + 16 * chunks[i].p, 64);
         for (int j = 0; j < nj; ++j) {
           _tile_loadd(6, chunks[i].v + 16 * (j0 + j) * chunks[i].stride, 2 * chunks[i].stride);
@@ -473,34 +474,37 @@ struct Isa : Avx512Layer {
     return base;
   }
 
+  // Blocks per tiles_qk_blocks call: token-major 64 tokens (four C tiles of 16), at least one
+  // block; vLLM's layout one (its 16 tokens fill four C tiles already).
   template <KvForm F>
-  static void tiles_qk_block(const uint16_t* kblk, int G, float qk_scale, const TaskShape& s,
-                             float* logits, const char* pf_k, const char* pf_v, float* tiles) {
-    const TileScratch ts(tiles, G, s);
-    // a share of the slices per 16 tokens and 32 dims (token-major) or 4 tokens (vLLM's layout)
-    RowSharePrefetch pf(pf_k, pf_v, s, s.bs / 16 * (F == KvForm::kTokenMajor ? (s.D + 31) / 32 : 4));
-    if constexpr (F == KvForm::kTokenMajor)
-      qk_token_major_block(kblk, G, qk_scale, s, logits, pf, ts);
-    else
-      qk_vllm_block(kblk, G, qk_scale, s, logits, pf, ts);
+  static int tiles_qk_blocks_per_call(const TaskShape& s) {
+    return F == KvForm::kTokenMajor ? std::max(1, 64 / s.bs) : 1;
   }
 
   template <KvForm F>
-  static int tiles_pv_steps(const Span* spans, int nspans, const TaskShape& s, int G) {
-    const int chunks = count_v_chunks<F>(spans, nspans, s);
+  static void tiles_qk_blocks(const TileQkBlocks<uint16_t>& group, int G, float qk_scale,
+                              const TaskShape& s, float* tiles) {
+    const TileScratch ts(tiles, G, s);
+    // per block, a share of its prefetch slices per 16 tokens and 32 dims (token-major) or per
+    // 4 tokens (vLLM's layout)
+    const int rows = s.bs / 16 * (F == KvForm::kTokenMajor ? (s.D + 31) / 32 : 4);
+    RowSharePrefetch pf[4] = {
+        {group.pf_k[0], group.pf_v[0], s, rows},
+        {group.n > 1 ? group.pf_k[1] : nullptr, group.n > 1 ? group.pf_v[1] : nullptr, s, rows},
+        {group.n > 2 ? group.pf_k[2] : nullptr, group.n > 2 ? group.pf_v[2] : nullptr, s, rows},
+        {group.n > 3 ? group.pf_k[3] : nullptr, group.n > 3 ? group.pf_v[3] : nullptr, s, rows}};
     if constexpr (F == KvForm::kTokenMajor) {
-      const int gm = tile_size(G, kPvTokenHeads);
-      return (G + gm - 1) / gm * ((s.D + 127) / 128) * chunks;
+      qk_token_major_blocks(group, G, qk_scale, s, pf, ts);
     } else {
-      const int gm = tile_size(G, kPvVllmHeads);
-      return (G + gm - 1) / gm * vllm_pv_passes(s.D) * chunks;
+      for (int b = 0; b < group.n; ++b)
+        qk_vllm_block(group.k[b], G, qk_scale, s, group.logits[b], pf[b], ts);
     }
   }
 
   template <KvForm F>
   static void tiles_pv(const uint16_t* V, const Span* spans, int nspans, const float* probs,
                        const TaskShape& s, int G, const float* norm, float* out,
-                       int64_t out_stride, PrefetchStream& pf, float* tiles) {
+                       int64_t out_stride, float* tiles) {
     const TileScratch ts(tiles, G, s);
     Chunk chunks[kMaxChunks];
     const int n = v_chunks<F>(V, spans, nspans, s, ts, chunks);
@@ -514,7 +518,7 @@ struct Isa : Avx512Layer {
       cfg.set(4, 2 * gm, 64);
       cfg.set(5, 16, 64);
       cfg.load();
-      pv_token_major(chunks, n, probs, s, G, lo, hi, norm, out, out_stride, pf, ts);
+      pv_token_major(chunks, n, probs, s, G, lo, hi, norm, out, out_stride, ts);
     } else {
       // C tmm0-5 [16 dims][gm], A tmm6 = V [16 dims][tc tokens], B tmm7 = P^T [tc / 2][gm]
       const int gm = tile_size(G, kPvVllmHeads), tc = chunk_tokens<F>(s);
@@ -522,7 +526,7 @@ struct Isa : Avx512Layer {
       cfg.set(6, 16, 2 * tc);
       cfg.set(7, tc / 2, 4 * gm);
       cfg.load();
-      pv_vllm(chunks, n, probs, s, G, lo, hi, norm, out, out_stride, pf, ts);
+      pv_vllm(chunks, n, probs, s, G, lo, hi, norm, out, out_stride, ts);
     }
     _tile_release();
   }

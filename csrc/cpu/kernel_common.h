@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <cstdlib>
 #include <type_traits>
 
 #include "attention_kernel.h"
@@ -104,6 +105,22 @@ struct EightVecTiles {
   static constexpr int pv_rows(int gt, bool /*wide*/) { return gt == 1 ? 4 : 2; }
   static constexpr int pv_vecs(int gt, bool /*wide*/) { return gt == 1 ? 4 : 2; }
   static constexpr bool kRowProbsInRegisters = false, kTokenProbsInRegisters = false;
+};
+
+// Up to kMax consecutive blocks of a partition for one call of a matrix-tile QK (the layer's
+// tiles_qk_blocks, partition_kernel.h): each block's K slice, its logits at slot 0 (head stride
+// L) and the slices to prefetch into L2 meanwhile (null: none).
+template <typename T>
+struct TileQkBlocks {
+  static constexpr int kMax = 4;
+  const T* k[kMax];
+  float* logits[kMax];
+  const char* pf_k[kMax];
+  const char* pf_v[kMax];
+  int n = 0;
+  void add(const T* kblk, float* lg, const char* pk, const char* pv) {
+    k[n] = kblk, logits[n] = lg, pf_k[n] = pk, pf_v[n] = pv, ++n;
+  }
 };
 
 // One block of the partition: where its [kv_head] slices start and which slots are ours.

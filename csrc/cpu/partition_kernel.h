@@ -35,9 +35,9 @@
 //   pv_vecs(gt, wide)  vectors of 16 dims per token-major PV pass
 //   kHasBf16Dot        true if the layer also supplies qk_bf16dot / qk_bf16dot_token_major /
 //                      pv_bf16dot / pv_bf16dot_token_major / probs_to_bf16
-//   tiles_begin tiles_qk_block tiles_pv_steps tiles_pv   only for a BF16Tiles cache (a layer
-//                      with matrix tiles, amx_tiles.h): the query packed, one block's QK for all
-//                      heads, the item's PV, in place of the register-tile code
+//   tiles_begin tiles_qk_blocks_per_call tiles_qk_blocks tiles_pv   only for a BF16Tiles cache
+//                      (a layer with matrix tiles, amx_tiles.h): the query packed, the QK of a
+//                      few blocks for all heads, the item's PV, in place of the register-tile code
 //
 // Algorithm per work item (G query heads share the KV head; head tiles share every K / V load):
 //   spans   the partition's blocks from the block table: 64-bit element offset of the block's
@@ -862,9 +862,12 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
     // K and V all fit (short rows), its V after its K. An item of a few blocks otherwise finds its
     // V in memory at PV: prefetched only while its own K is scored, V comes too late. That item's
     // QK then prefetches no V (v_ahead).
+    // Not with matrix tiles: their PV is short, and the next item's K streaming in meanwhile
+    // slowed PV's own reads (HND 3-6% from DRAM, measured); that item's QK prefetches its K.
     Span* next_spans = spans + max_spans;
-    const int n_next =
-        next != nullptr && nspans > 0 ? partition_spans(p, *next, s.bs, next_spans) : 0;
+    const int n_next = next != nullptr && nspans > 0 && !kTiles
+                           ? partition_spans(p, *next, s.bs, next_spans)
+                           : 0;
     const int nk = static_cast<int>(
         std::clamp<int64_t>((kPrefetchBudget - nspans * s.kv_bytes) / s.kv_bytes, 0, n_next));
     const int nv = F == KvForm::kTokenMajor && n_next > 0 &&
@@ -883,12 +886,9 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
       pf.mem = s.k_mem;
       pf.mem_rest = s.v_mem;
       const int first_tile = tile_heads(G, 0, row_pv_heads<Cache>());
-      int steps = 0;
-      if constexpr (kTiles)
-        steps = std::max(1, Layer::template tiles_pv_steps<F>(spans, nspans, s, G));
-      else
-        steps = F == KvForm::kTokenMajor ? std::max(1, token_pv_steps(spans, nspans, G, s.D))
-                                         : s.D / Isa::pv_rows(first_tile, s.D % 8 == 0) * nspans;
+      const int steps = F == KvForm::kTokenMajor
+                            ? std::max(1, token_pv_steps(spans, nspans, G, s.D))
+                            : s.D / Isa::pv_rows(first_tile, s.D % 8 == 0) * nspans;
       const int64_t lines = nk * s.k_mem.lines() + nv * s.v_mem.lines();
       pf.lines_per_step = static_cast<int>((lines + steps - 1) / steps);
     }
@@ -897,19 +897,26 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
     *v_ahead = nv > 0 ? 1.0f : 0.0f;
 
     // QK, one pass over K for all heads (a block's K stays in L1 across the head tiles).
-    constexpr int kAhead = 4;
+    // kTiles: the QK of a group of blocks runs after the last one is added
+    int group_blocks = 1;
+    if constexpr (kTiles) group_blocks = std::min(4, Layer::template tiles_qk_blocks_per_call<F>(s));
+    const int kAhead = 3 + group_blocks;
     for (int i = 0; i < std::min(kAhead, nspans); ++i)
       prefetch_lines(reinterpret_cast<const char*>(K + spans[i].k_offset), s.k_mem, 0,
                      s.k_mem.lines());
+    TileQkBlocks<T> group;  // kTiles: blocks for one tile QK call
     for (int i = 0; i < nspans; ++i) {
       const char* pf_k = i + kAhead < nspans
                              ? reinterpret_cast<const char*>(K + spans[i + kAhead].k_offset)
                              : nullptr;
       const char* pf_v =
           v_prefetched ? nullptr : reinterpret_cast<const char*>(V + spans[i].v_offset);
-      if constexpr (kTiles) {  // all heads at once
-        Layer::template tiles_qk_block<F>(K + spans[i].k_offset, G, in.qk_scale, s,
-                                          logits + spans[i].buf, pf_k, pf_v, tiles);
+      if constexpr (kTiles) {  // all heads, group_blocks blocks at once
+        group.add(K + spans[i].k_offset, logits + spans[i].buf, pf_k, pf_v);
+        if (group.n == group_blocks || i + 1 == nspans) {
+          Layer::template tiles_qk_blocks<F>(group, G, in.qk_scale, s, tiles);
+          group.n = 0;
+        }
       } else {
         for (int g0 = 0; g0 < G;) {
           const int gt = tile_heads(G, g0, Isa::kQkHeads);
@@ -952,7 +959,7 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
   if (short_item) {
     short_pv(logits, short_rows + kShortTokens * s.Dq, hi - lo, s, G, lo, norm, out, out_stride);
   } else if constexpr (kTiles) {
-    Layer::template tiles_pv<F>(V, spans, nspans, logits, s, G, norm, out, out_stride, pf, tiles);
+    Layer::template tiles_pv<F>(V, spans, nspans, logits, s, G, norm, out, out_stride, tiles);
   } else if constexpr (F == KvForm::kTokenMajor) {
     pv_token_major<Cache>(V, spans, nspans, logits, s, G, norm, out, out_stride, pf);
   } else {
