@@ -167,12 +167,13 @@ def test_head_tiles_and_head_sizes_match_oracle(backend, case):
     check_v1_v2(backend, case.inputs(backend.device))
 
 
-# bf16 shapes for the CPU kernel's matrix tiles (the amx variant: csrc/cpu/amx_tiles.h): head
-# tiles of every size and more than one (G 1 .. 20), head sizes with a tail of the 32-dim chunks
-# (80, 112, 40), two K chunks and two PV passes (256), blocks of 1 .. 8 16-token groups, partitions
-# that start and end inside a chunk; on vLLM's layout (v1 / v2) and token-major (decode).
+# bf16 shapes for the CPU kernel's matrix tiles (the amx variant: csrc/cpu/amx_tiles.h; G 1 runs
+# avx512's code there): head tiles of every size and more than one (G 3 .. 20), head sizes with a
+# tail of the 32-dim chunks (80, 112, 40), two K chunks and two PV passes (256), blocks of 1 .. 8
+# 16-token groups, partitions that start and end inside a chunk; on vLLM's layout (v1 / v2) and
+# token-major (decode).
 TILE_GRID = [
-    (8, 8, 128, 16, [1, 17, 600], False),    # G 1
+    (8, 8, 128, 16, [1, 17, 600], False),    # G 1 (not on tiles)
     (12, 4, 64, 32, [513, 5, 1100], True),   # G 3
     (32, 8, 128, 64, [77, 1537], False),     # G 4, bs 64
     (10, 2, 80, 16, [700, 33], False),       # G 5, a 16-dim tail
