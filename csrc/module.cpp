@@ -12,6 +12,8 @@
 //   build_info() -> dict                             what this build compiled and registered:
 //     torch_version        str, the torch the library was compiled against (torch's headers)
 //     cpu_kernel_variants  [name], the build's table order (cpu/kernel_variants.cpp)
+//     cpu_kernel_scopes    {name: the calls it computes itself}, for the variants that hand
+//                          other calls to another variant's code (KernelVariant::scope)
 //     compiler             str, the C++ compiler of the host code ("gcc 12.2.0", "clang 14.0.6")
 //     openmp               bool, the C++ code was compiled with OpenMP (_OPENMP, set by the
 //                          build when the compiler has it): without it at::parallel_for runs every
@@ -146,6 +148,17 @@ PyObject* cpu_variant_names() {
   return list;
 }
 
+PyObject* cpu_variant_scopes() {
+  PyObject* dict = PyDict_New();
+  int count = 0;
+  const paged_attn::cpu::KernelVariant* variants = paged_attn::cpu::kernel_variants(&count);
+  for (int i = 0; dict != nullptr && i < count; ++i)
+    if (variants[i].scope != nullptr &&
+        !set_item(dict, variants[i].name, PyUnicode_FromString(variants[i].scope)))
+      Py_CLEAR(dict);
+  return dict;
+}
+
 PyObject* registered_kernels() {
   PyObject* dict = PyDict_New();
   for (const auto& k : paged_attn::registered_kernels()) {
@@ -230,6 +243,7 @@ PyObject* build_info(PyObject*, PyObject*) {
   if (info == nullptr) return nullptr;
   const bool ok = set_item(info, "torch_version", PyUnicode_FromString(TORCH_VERSION)) &&
                   set_item(info, "cpu_kernel_variants", cpu_variant_names()) &&
+                  set_item(info, "cpu_kernel_scopes", cpu_variant_scopes()) &&
                   set_item(info, "compiler", PyUnicode_FromString(kCompiler)) &&
                   set_item(info, "openmp", PyBool_FromLong(kOpenMP)) &&
                   set_item(info, "registered_kernels", registered_kernels()) &&

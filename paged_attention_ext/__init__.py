@@ -45,8 +45,8 @@ def extension_loaded() -> bool:
 
 
 def cpu_kernel() -> str:
-    """The CPU kernel variant that the next CPU call of the ops runs ("avx512-bf16", "avx512",
-    "avx2-fma", "neon" or "scalar"): the best one this CPU executes, unless the environment
+    """The CPU kernel variant that the next CPU call of the ops runs ("amx", "avx512-bf16",
+    "avx512", "avx2-fma", "neon" or "scalar"): the best one this CPU executes, unless the environment
     variable PAGED_ATTN_CPU_KERNEL names another (ValueError if that one cannot run here).
     "python-fallback" when the compiled extension is not loaded."""
     if not extension_loaded():
@@ -88,6 +88,8 @@ def build_info():
     (csrc/module.cpp): a dict with
       torch_version         the torch it was compiled against
       cpu_kernel_variants   [name] of the CPU kernel variants compiled, in the build's order
+      cpu_kernel_scopes     {name: the calls it computes itself, in words} for the variants that
+                            hand other calls to another variant's code ("amx": not every cache)
       compiler              the C++ compiler of its host code ("gcc 12.2.0", "clang 14.0.6")
       openmp                whether the C++ code was compiled with OpenMP; without it every CPU
                             kernel call runs on one thread (docs/BUILD.md)

@@ -28,7 +28,8 @@ def build():
 
 
 def test_keys_and_types(build):
-    assert set(build) == {"torch_version", "cpu_kernel_variants", "registered_kernels", "cuda",
+    assert set(build) == {"torch_version", "cpu_kernel_variants", "cpu_kernel_scopes",
+                          "registered_kernels", "cuda",
                           "cuda_archs", "cuda_attention_pairs", "cuda_head_sizes",
                           "cuda_runtime_version", "cuda_attention_kernel", "cuda_split", "cuda_pdl",
                           "cuda_baseline_kernel", "compiler", "openmp"}
@@ -37,6 +38,11 @@ def test_keys_and_types(build):
     assert isinstance(build["cuda"], bool) and isinstance(build["cuda_attention_kernel"], str)
     assert isinstance(build["cuda_split"], str) and isinstance(build["cuda_pdl"], str)
     assert isinstance(build["openmp"], bool) and isinstance(build["compiler"], str)
+    # the variants that hand some calls to another variant's code say which calls they keep
+    assert set(build["cpu_kernel_scopes"]) <= set(build["cpu_kernel_variants"])
+    assert all(isinstance(v, str) and v for v in build["cpu_kernel_scopes"].values())
+    if "amx" in build["cpu_kernel_variants"]:
+        assert "avx512" in build["cpu_kernel_scopes"]["amx"]
     assert pa.build_info() == build  # a fresh object each call, same content
 
 

@@ -62,6 +62,9 @@ struct KernelVariant {
   // of the table, the reason in words (else nullptr). kernel_choice.cpp then ranks it after
   // that entry, so that "best first" holds for the CPU at hand.
   const char* (*slower_here)();
+  // nullptr, or the calls this variant computes itself, in words, where it hands the others to
+  // another variant's code (info prints it).
+  const char* scope;
 };
 
 // The variants this build holds, best first on the CPUs they were measured on (kernel_choice.cpp

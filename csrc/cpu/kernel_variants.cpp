@@ -28,16 +28,18 @@ namespace {
 const KernelVariant kVariants[] = {
 #ifdef PA_X86_64
     // bf16 caches on AMX tiles (amx_tiles.h); everything else runs avx512's code
-    {"amx", IsaLevel::kAvx512, amx::cpu_supports, amx::attention_partition, nullptr},
+    {"amx", IsaLevel::kAvx512, amx::cpu_supports, amx::attention_partition, nullptr,
+     "bf16 caches with 3+ query heads per KV head and blocks of a multiple of 16 tokens (vLLM's "
+     "layout: head size <= 256, a multiple of 16) on AMX tiles; other calls run avx512's code"},
     {"avx512-bf16", IsaLevel::kAvx512, avx512_bf16::cpu_supports, avx512_bf16::attention_partition,
-     avx512_bf16::slower_here},
-    {"avx512", IsaLevel::kAvx512, avx512::cpu_supports, avx512::attention_partition, nullptr},
-    {"avx2-fma", IsaLevel::kAvx2, avx2::cpu_supports, avx2::attention_partition, nullptr},
+     avx512_bf16::slower_here, nullptr},
+    {"avx512", IsaLevel::kAvx512, avx512::cpu_supports, avx512::attention_partition, nullptr, nullptr},
+    {"avx2-fma", IsaLevel::kAvx2, avx2::cpu_supports, avx2::attention_partition, nullptr, nullptr},
 #endif
 #ifdef PA_AARCH64
-    {"neon", IsaLevel::kBaseline, neon::cpu_supports, neon::attention_partition, nullptr},
+    {"neon", IsaLevel::kBaseline, neon::cpu_supports, neon::attention_partition, nullptr, nullptr},
 #endif
-    {"scalar", IsaLevel::kBaseline, scalar::cpu_supports, scalar::attention_partition, nullptr},
+    {"scalar", IsaLevel::kBaseline, scalar::cpu_supports, scalar::attention_partition, nullptr, nullptr},
 };
 }  // namespace
 

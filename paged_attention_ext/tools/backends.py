@@ -381,6 +381,9 @@ def describe(det: Detection) -> list:
                     for name, ok, note in det.cpu_kernel_variants]
         lines.append(("CPU kernel variants", ", ".join(variants) +
                       "  [PAGED_ATTN_CPU_KERNEL=<name> forces one]"))
+        scope = build.get("cpu_kernel_scopes", {}).get(det.cpu_kernel)
+        if scope:
+            lines.append((f"CPU kernel {det.cpu_kernel} runs", scope))
         lines.append(("CPU kernel threads", _cpu_threads(build, det.cpu_threading)))
     if cuda:
         archs = ", ".join(det.cuda_archs) or "archs unknown"
