@@ -136,6 +136,14 @@ struct TileScratch {
   }
 };
 
+// Lane i of a stored C tile's column g (rows of 16 floats): i * 16 + g.
+inline __m512i column_index(int g) {
+  return _mm512_add_epi32(
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(16)),
+      _mm512_set1_epi32(g));
+}
+
 // bf16 bits of the fp32 copy of a bf16 query element (exact: its top half).
 inline uint32_t bf16_bits(const float* x) {
   uint32_t bits;
@@ -150,9 +158,15 @@ inline uint32_t bf16_bits(const float* x) {
 // many columns as the first head tile has heads).
 inline void pack_query_token_major(const float* q, int G, int D, uint32_t* qt) {
   const int pairs = round32(D) / 2;
-  std::memset(qt, 0, sizeof(uint32_t) * (static_cast<int64_t>(pairs) * G + 16));
+  std::memset(qt + static_cast<int64_t>(pairs) * G, 0, sizeof(uint32_t) * 16);
+  const __m512i rows = _mm512_mullo_epi32(  // lane k: row k * G
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(G));
   for (int h = 0; h < G; ++h)
-    for (int d = 0; d < D; ++d) qt[(d / 2) * G + h] |= bf16_bits(q + h * D + d) << (16 * (d & 1));
+    for (int d0 = 0; d0 < D; d0 += 32) {  // pairs d0 / 2 + k, k < 16 (exact: bf16 values)
+      const __m512 lo = _mm512_maskz_loadu_ps(lane_mask(0, D - d0), q + h * D + d0);
+      const __m512 hi = _mm512_maskz_loadu_ps(lane_mask(0, D - d0 - 16), q + h * D + d0 + 16);
+      _mm512_i32scatter_epi32(qt + (d0 / 2) * G + h, rows, (__m512i)_mm512_cvtne2ps_pbh(hi, lo), 4);
+    }
 }
 
 // For head tile ti (heads ti * gm + g) and chunk ch of kr K rows: an A tile of rows (g, j)
@@ -170,14 +184,6 @@ inline void pack_query_vllm(const float* q, int G, int D, int gm, int kr, uint32
             bf16_bits(x) | (bf16_bits(x + 1) << 16);
       }
   }
-}
-
-// Lane i of a stored C tile's column g (rows of 16 floats): i * 16 + g.
-inline __m512i column_index(int g) {
-  return _mm512_add_epi32(
-      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                         _mm512_set1_epi32(16)),
-      _mm512_set1_epi32(g));
 }
 
 // Token-major: logits[h][t] = qk_scale * q[h] . k[t] for the tokens of the blocks of `group`, all G
