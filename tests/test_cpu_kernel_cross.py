@@ -1,6 +1,6 @@
 """The CPU kernel variants built WITHOUT torch (tests/cross/driver.cpp + csrc/cpu) on the hardware or
-emulator they target: the host build runs every x86 variant this CPU executes (avx512-bf16,
-avx512, avx2-fma, scalar), the aarch64 build runs neon and scalar under qemu-aarch64, built by GCC
+emulator they target: the host build runs every x86 variant this CPU executes (amx,
+avx512-bf16, avx512, avx2-fma, scalar), the aarch64 build runs neon and scalar under qemu-aarch64, built by GCC
 and by clang. scripts/ci/cross_test.sh builds and runs the driver on the cases of
 tests/support/cross_cases.py (against the oracle); this file checks every variant passed all.
 """

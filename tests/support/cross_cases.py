@@ -77,6 +77,9 @@ CASES = [
     (BF16, "auto", 4, 1, 40, 7, [513, 5], False, "combined_hnd"),  # head 40: 8-dim tail
     (F32, "fp8", 8, 2, 64, 1, [300, 77], True, "padded"),  # e4m3, block size 1
     (BF16, "fp8_e5m2", 8, 1, 112, 16, [1100, 2], False, "hnd"),
+    # bf16 shapes of amx's tiles: GQA 4 with blocks of 32 / 64, a 16-dim tail, NHD
+    (BF16, "auto", 32, 8, 128, 64, [77, 1100], False, None),
+    (BF16, "auto", 12, 4, 80, 32, [600, 9], True, "nhd"),
     # blocksparse (phi-3-small's pattern; head sliding per KV head, a sparse block that is not a
     # multiple of the cache block)
     (F32, "auto", 8, 2, 64, 16, [1100, 300], True, None, Blocksparse(1, 3, 8, 64, 2)),
