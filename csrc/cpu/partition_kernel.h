@@ -897,9 +897,11 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
     *v_ahead = nv > 0 ? 1.0f : 0.0f;
 
     // QK, one pass over K for all heads (a block's K stays in L1 across the head tiles).
-    // kTiles: the QK of a group of blocks runs after the last one is added
+    // kTiles: the QK of a group of blocks runs after the last one is added; K is prefetched that
+    // many blocks further ahead
     int group_blocks = 1;
-    if constexpr (kTiles) group_blocks = std::min(4, Layer::template tiles_qk_blocks_per_call<F>(s));
+    if constexpr (kTiles)
+      group_blocks = std::min(TileQkBlocks<T>::kMax, Layer::template tiles_qk_blocks_per_call<F>(s));
     const int kAhead = 3 + group_blocks;
     for (int i = 0; i < std::min(kAhead, nspans); ++i)
       prefetch_lines(reinterpret_cast<const char*>(K + spans[i].k_offset), s.k_mem, 0,
