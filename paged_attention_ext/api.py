@@ -118,21 +118,22 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
                    torch.empty(num_seqs, num_heads, partitions, head_size, dtype=query.dtype,
                                device=query.device))
     # v1's arguments, v2's = v1's with the scratch after `out` (schemas.py)
-    _run(version, (out, *scratch, query, key_cache, value_cache, num_kv_heads, scale,
-                   block_tables, seq_lens, block_size, max_seq_len, alibi_slopes, kv_cache_dtype,
-                   k_scale, v_scale, tp_rank, blocksparse_local_blocks, blocksparse_vert_stride,
-                   blocksparse_block_size, blocksparse_head_sliding_step), validate)
+    args = (out, *scratch, query, key_cache, value_cache, num_kv_heads, scale, block_tables,
+            seq_lens, block_size, max_seq_len, alibi_slopes, kv_cache_dtype, k_scale, v_scale,
+            tp_rank, blocksparse_local_blocks, blocksparse_vert_stride, blocksparse_block_size,
+            blocksparse_head_sliding_step)
+    if validate:
+        _validate(version, args)
+    op_args.caller(version)(*args)  # (not through a helper: a call frame is 2% of a tiny call)
     return out
 
 
-def _run(op, args, validate):
-    """torch.ops.paged_attn.<op>(*args) (args: the op's arguments in schema order, all given),
-    after the argument and data checks when `validate`."""
-    if validate:
-        record = op_args.ARGS[op](*args)
-        validation.check_args(op, record)
-        validation.check_data(op, record)
-    op_args.call_op(op, args)
+def _validate(op, args):
+    """The argument and data checks of torch.ops.paged_attn.<op>(*args) (args: the op's
+    arguments in schema order, all given)."""
+    record = op_args.ARGS[op](*args)
+    validation.check_args(op, record)
+    validation.check_data(op, record)
 
 
 # The op's own arguments (op_args.function: schemas.py's names, order and defaults).
@@ -206,9 +207,12 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
         scale = 1.0 / math.sqrt(query.shape[-1])
     if out is None:
         out = torch.empty_like(query, memory_format=torch.contiguous_format)
+    args = (out, query, key_cache, value_cache, block_tables, seq_lens, scale, alibi_slopes,
+            kv_cache_dtype, k_scale, v_scale)
     try:
-        _run("decode", (out, query, key_cache, value_cache, block_tables, seq_lens, scale,
-                        alibi_slopes, kv_cache_dtype, k_scale, v_scale), validate)
+        if validate:
+            _validate("decode", args)
+        op_args.caller("decode")(*args)
     except ValueError as error:  # a shape error may be a layout mix-up: say which was assumed
         raise ValueError(f"{error} (paged_decode read the caches as kv_layout={kv_layout!r}: "
                          "pass the layout they were allocated with)") from error

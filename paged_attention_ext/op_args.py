@@ -103,25 +103,81 @@ def overload(op, k_scale=1.0, v_scale=1.0):
     named directly: `.scale_tensor` for two tensors, the default one for two numbers, else the
     packet itself (torch resolves mixed scales). The packet makes the same choice
     (_registration.py); naming the overload skips that Python step."""
+    choices = _BY_TENSOR_SCALES.get(op) or _overload_choices(op)
+    return choices[isinstance(k_scale, _Tensor) + isinstance(v_scale, _Tensor)]
+
+
+def _overload_choices(op):
+    """op's overloads indexed by how many of the two scales are tensors (overload)."""
     choices = _BY_TENSOR_SCALES.get(op)
     if choices is None:
         packet = getattr(getattr(torch.ops, schemas.LIBRARY), op)
         choices = (packet.default, packet, getattr(packet, schemas.TENSOR_SCALES_OVERLOAD))
         _BY_TENSOR_SCALES[op] = choices
-    return choices[isinstance(k_scale, torch.Tensor) + isinstance(v_scale, torch.Tensor)]
+    return choices
 
+
+_Tensor = torch.Tensor  # (a module global: one lookup less per call)
 
 # Where k_scale and v_scale sit in each op's arguments.
 _SCALE_INDEX = {op: (record._fields.index("k_scale"), record._fields.index("v_scale"))
                 for op, record in ARGS.items()}
 
 
+def _int_tail(record):
+    """(index, defaults) of the trailing arguments of `record` whose defaults are ints (v1 / v2:
+    tp_rank and the blocksparse ones); (len, ()) when the last default is not an int."""
+    defaults = list(record._field_defaults.values())
+    n = 0
+    while n < len(defaults) and type(defaults[-1 - n]) is int:
+        n += 1
+    return len(record._fields) - n, tuple(defaults[len(defaults) - n:])
+
+
+def _caller_source(op, name, fields):
+    """Source of `def name(<fields: op's arguments>)` that calls op's overload for its scales.
+    Trailing int arguments that are their defaults (the very objects: CPython shares small ints)
+    are left to the schema's defaults: the dispatcher fills a default faster than it parses an
+    argument (v1's five: 0.4 us of a 6 us call)."""
+    start, tail = _INT_TAIL[op]
+    k_scale, v_scale = (fields[i] for i in _SCALE_INDEX[op])
+    src = (f"def {name}({', '.join(fields)}):\n"  # overload's choice, inlined
+           f"    op = (_choices or _resolve())[isinstance({k_scale}, _Tensor) + "
+           f"isinstance({v_scale}, _Tensor)]\n")
+    if tail:
+        same = " and ".join(f"{f} is _tail{i}" for i, f in enumerate(fields[start:]))
+        src += f"    if {same}:\n        return op({', '.join(fields[:start])})\n"
+    return src + f"    return op({', '.join(fields)})\n"
+
+
+def _make_caller(op, name, fields):
+    namespace = {"_op": op, "_Tensor": _Tensor, "_choices": None}
+
+    def resolve():  # overload's choices, looked up on the first call (the ops register late)
+        namespace["_choices"] = _overload_choices(op)
+        return namespace["_choices"]
+
+    namespace["_resolve"] = resolve
+    namespace.update({f"_tail{i}": d for i, d in enumerate(_INT_TAIL[op][1])})
+    exec(_caller_source(op, name, fields), namespace)
+    return namespace[name]
+
+
+_INT_TAIL = {op: _int_tail(record) for op, record in ARGS.items()}
+_CALLERS = {op: _make_caller(op, function_name(op), record._fields) for op, record in ARGS.items()}
+
+
+def caller(op):
+    """The fastest Python call of torch.ops.paged_attn.<op>: a function of all of op's arguments
+    in schema order (as call_op's args), the overload for its scales, then the dispatcher picks
+    the backend."""
+    return _CALLERS[op]
+
+
 def call_op(op, args):
     """torch.ops.paged_attn.<op>(*args), args all of the op's arguments in schema order (a record
-    of ARGS[op] or a plain tuple): its overload for args' scales (overload), then the dispatcher
-    picks the backend."""
-    k_index, v_index = _SCALE_INDEX[op]
-    return overload(op, args[k_index], args[v_index])(*args)
+    of ARGS[op] or a plain tuple), through caller(op)."""
+    return _CALLERS[op](*args)
 
 
 def signature(op, record=None):
@@ -146,9 +202,12 @@ def function(op, impl, doc, record=None, name=None, module=None):
     record = record or ARGS[op]
     name = name or function_name(op)
     params = ", ".join(record._fields)
-    namespace = {"_impl": impl, "_op": op, "_record": record}
-    exec(f"def {name}({params}):\n    return _impl(_op, _record({params}))\n", namespace)
-    bound = namespace[name]
+    if impl is call_op:  # the op itself: caller's body, no record made
+        bound = _make_caller(op, name, record._fields)
+    else:
+        namespace = {"_impl": impl, "_op": op, "_record": record}
+        exec(f"def {name}({params}):\n    return _impl(_op, _record({params}))\n", namespace)
+        bound = namespace[name]
     bound.__defaults__ = tuple(record._field_defaults.values())  # the last fields' defaults
     bound.__module__ = module or impl.__module__
     bound.__doc__ = doc

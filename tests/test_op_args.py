@@ -100,3 +100,29 @@ def test_keyword_call_is_the_positional_one():
     for a, b in zip(by_position, by_name):
         assert torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0))
     assert not torch.isnan(by_name[1][0, :, :, 5]).any()  # slot 5 was written
+
+
+@pytest.mark.parametrize("op", ["v1", "v2"])
+def test_caller_forwards_every_argument_the_schema_would_not_default(op, monkeypatch):
+    # The callers (op_args.caller, the vllm_compat functions) drop v1 / v2's trailing int
+    # arguments only when each is its default; the overload follows the scales' types.
+    calls = []
+    overloads = tuple((lambda i: lambda *a: calls.append((i, a)))(i) for i in range(3))
+    monkeypatch.setitem(op_args._BY_TENSOR_SCALES, op, overloads)
+    fields = op_args.ARGS[op]._fields
+    call = op_args._make_caller(op, "probe", fields)
+    start = fields.index("tp_rank")
+    head = [object() for _ in range(start)]  # stand-ins, passed through untouched
+    head[fields.index("k_scale")], head[fields.index("v_scale")] = 1.0, torch.ones(1)
+    defaults = list(op_args.ARGS[op]._field_defaults.values())[-5:]
+    assert defaults == [0, 0, 0, 64, 0]
+    call(*head, *defaults)
+    assert calls[-1][0] == 1 and list(calls[-1][1]) == head  # mixed scales: the packet
+    for i in range(5):  # any argument off its default: all of them, in order
+        tail = list(defaults)
+        tail[i] += 1
+        call(*head, *tail)
+        assert list(calls[-1][1]) == head + tail
+    head[fields.index("v_scale")] = 0.5
+    call(*head, *defaults)
+    assert calls[-1][0] == 0 and len(calls[-1][1]) == start  # float scales: .default
