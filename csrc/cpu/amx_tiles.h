@@ -1,13 +1,13 @@
 // amx_tiles.h — the AMX tile pieces of the "amx" variant (isa_amx.cpp says what each tile holds)
 // and its `struct Isa`: the AVX-512 layer plus the hooks partition_kernel.h's run_partition calls
 // for a BF16Tiles cache:
-//   tiles_begin<F>(q, G, s)     packs the G heads' query for the QK tiles and loads QK's tile
-//                               configuration; returns the item's tile scratch
+//   tiles_begin<F>(q, G, nh, s) packs the query of the item's nh KV heads' G heads each for the
+//                               QK tiles, loads QK's tile configuration; returns the tile scratch
 //   tiles_qk_blocks_per_call<F>(s)   how many blocks one tiles_qk_blocks call takes (<= 4)
-//   tiles_qk_blocks<F>(group, G, qk_scale, s, tiles)   the logits of the group's blocks for all
-//                               heads (logits [G][s.L] at each block's slot 0), prefetching the
-//                               group's slices into L2 meanwhile
-//   tiles_pv<F>(V, spans, nspans, probs, s, G, norm, out, out_stride, tiles)   the item's output
+//   tiles_qk_blocks<F>(group, G, qk_scale, s, tiles, j)   the logits of the group's blocks for
+//                               the G heads of the item's KV head j (logits [G][s.L] at each
+//                               block's slot 0), prefetching the group's slices into L2 meanwhile
+//   tiles_pv<F>(V, spans, nspans, probs, s, G, norm, out, out_stride, pf, tiles)   the output
 //                               rows; loads PV's configuration, releases the tiles after
 // Included by isa_amx.cpp only, inside its AMX target region, after avx512_layer.h.
 #pragma once
@@ -103,37 +103,42 @@ inline __mmask32 lanes32(int lo, int hi) { return first_lanes32(hi) & ~first_lan
 inline int vllm_k_rows_per_chunk(int D) { return D / 8 <= 16 ? D / 8 : D / 16; }
 
 // The item's tile scratch (tile_scratch), as 16-float-aligned parts:
-//   q      the query packed for QK (pack_query_token_major / pack_query_vllm)
 //   p      one head tile's probabilities packed for PV
 //   c      four 16 x 16 fp32 C tiles stored
 //   kpad   [16][32] bf16: a last K chunk of head_size % 32 dims, zero padded
 //   vpad   [16][32] bf16: the same for V (token-major)
 //   stage  2 x the V of a chunk partly outside the partition, zeroed outside
+//   q      the query packed for QK (pack_query_token_major / pack_query_vllm), per KV head of
+//          the item (last: the other parts do not depend on their count)
 struct TileScratch {
-  uint32_t* q;
   uint32_t* p;
   float* c;
   uint16_t* kpad;
   uint16_t* vpad;
   uint16_t* stage[2];
+  uint32_t* q0;
 
   static int64_t part16(int64_t floats) { return (floats + 15) & ~int64_t{15}; }
   static int64_t q_floats(int G, int D) { return part16(int64_t{round32(D)} / 2 * (G + 16) + 16); }
   static int64_t p_floats(const TaskShape& s) { return part16(16 * int64_t{s.L} + 512); }
   static int64_t stage_floats(int D) { return 16 * int64_t{round32(D)}; }
-  static int64_t floats(int G, const TaskShape& s) {
-    return q_floats(G, s.D) + p_floats(s) + 1024 + 256 + 256 + 2 * stage_floats(s.D);
+  static int64_t floats(int G, int nh, const TaskShape& s) {
+    return p_floats(s) + 1024 + 256 + 256 + 2 * stage_floats(s.D) + nh * q_floats(G, s.D);
   }
-  TileScratch(float* base, int G, const TaskShape& s) {
+  TileScratch(float* base, int G, const TaskShape& s) : G_(G), D_(s.D) {
     float* at = base;
-    q = reinterpret_cast<uint32_t*>(at), at += q_floats(G, s.D);
     p = reinterpret_cast<uint32_t*>(at), at += p_floats(s);
     c = at, at += 1024;
     kpad = reinterpret_cast<uint16_t*>(at), at += 256;
     vpad = reinterpret_cast<uint16_t*>(at), at += 256;
     stage[0] = reinterpret_cast<uint16_t*>(at), at += stage_floats(s.D);
-    stage[1] = reinterpret_cast<uint16_t*>(at);
+    stage[1] = reinterpret_cast<uint16_t*>(at), at += stage_floats(s.D);
+    q0 = reinterpret_cast<uint32_t*>(at);
   }
+  uint32_t* q(int j) const { return q0 + j * q_floats(G_, D_); }  // KV head j's packed query
+
+ private:
+  int G_, D_;
 };
 
 // Lane i of a stored C tile's column g (rows of 16 floats): i * 16 + g.
@@ -191,7 +196,8 @@ inline void pack_query_vllm(const float* q, int G, int D, int gm, int kr, uint32
 // 32-dim chunk are independent (one block of 16 tokens alone would chain them). pf: one
 // row-share prefetch per block, a row per 16 tokens and 32 dims.
 inline void qk_token_major_blocks(const TileQkBlocks<uint16_t>& group, int G, float qk_scale,
-                                  const TaskShape& s, RowSharePrefetch* pf, const TileScratch& ts) {
+                                  const TaskShape& s, RowSharePrefetch* pf, const uint32_t* qt,
+                                  const TileScratch& ts) {
   const int gm = tile_size(G, kQkTokenHeads), per_block = s.bs / 16, total = group.n * per_block;
   const int64_t stride = s.k_token_stride;
   const __m512 scale = _mm512_set1_ps(qk_scale);
@@ -210,7 +216,7 @@ inline void qk_token_major_blocks(const TileQkBlocks<uint16_t>& group, int G, fl
         zero_tile(i);
       }
       for (int d0 = 0; d0 < s.D; d0 += 32) {
-        _tile_loadd(5, ts.q + (d0 / 2) * G + g0, 4 * G);
+        _tile_loadd(5, qt + (d0 / 2) * G + g0, 4 * G);
         const int dims = s.D - d0;
         for (int i = 0; i < nt; ++i) {
           if (g0 == 0) share[i]->row();
@@ -238,14 +244,15 @@ inline void qk_token_major_blocks(const TileQkBlocks<uint16_t>& group, int G, fl
 
 // vLLM's layout: the same, in the diagonal form (isa_amx.cpp).
 inline void qk_vllm_block(const uint16_t* kblk, int G, float qk_scale, const TaskShape& s,
-                          float* logits, RowSharePrefetch& pf, const TileScratch& ts) {
+                          float* logits, RowSharePrefetch& pf, const uint32_t* qpack,
+                          const TileScratch& ts) {
   const int gm = tile_size(G, kQkVllmHeads), kr = vllm_k_rows_per_chunk(s.D);
   const int chunks = s.D / 8 / kr;
   const int64_t R = s.R;  // elements per K row: 8 dims x bs tokens
   const __m512 scale = _mm512_set1_ps(qk_scale);
   for (int g0 = 0, ti = 0; g0 < G; g0 += gm, ++ti) {
     const int gt = std::min(gm, G - g0);
-    const uint32_t* qa = ts.q + static_cast<int64_t>(ti) * chunks * 4 * gm * kr;
+    const uint32_t* qa = qpack + static_cast<int64_t>(ti) * chunks * 4 * gm * kr;
     _tile_loadd(4, qa, 4 * kr);
     if (chunks > 1) _tile_loadd(6, qa + 4 * gm * kr, 4 * kr);
     for (int t0 = 0; t0 < s.bs; t0 += 16) {
@@ -376,7 +383,7 @@ inline void pack_probs_vllm(const float* probs, int L, int g0, int gt, int lo, i
 // Token-major PV of all G heads: head tiles of gm, dims in passes of up to 4 x 32 (C tmm0-3).
 inline void pv_token_major(const Chunk* chunks, int n, const float* probs, const TaskShape& s,
                            int G, int lo, int hi, const float* norm, float* out,
-                           int64_t out_stride, const TileScratch& ts) {
+                           int64_t out_stride, PrefetchStream& pf, const TileScratch& ts) {
   const int gm = tile_size(G, kPvTokenHeads), nd = (s.D + 31) / 32;
   const __m512i even_lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
   const __m512i even_hi =
@@ -388,6 +395,7 @@ inline void pv_token_major(const Chunk* chunks, int n, const float* probs, const
       const int nk = std::min(4, nd - k0);
       for (int k = 0; k < nk; ++k) zero_tile(k);
       for (int i = 0; i < n; ++i) {
+        if (g0 == 0 && k0 == 0) pf.step();  // one step per chunk (run_partition's count)
         _tile_loadd(4, ts.p + chunks[i].p, 4 * s.L);
         for (int k = 0; k < nk; ++k) {
           const int d0 = 32 * (k0 + k);
@@ -456,21 +464,21 @@ inline void pv_vllm(const Chunk* chunks, int n, const float* probs, const TaskSh
 
 struct Isa : Avx512Layer {
   template <KvForm F>
-  static float* tiles_begin(const float* q, int G, const TaskShape& s) {
-    float* base = tile_scratch(static_cast<size_t>(TileScratch::floats(G, s)));
+  static float* tiles_begin(const float* q, int G, int nh, const TaskShape& s) {
+    float* base = tile_scratch(static_cast<size_t>(TileScratch::floats(G, nh, s)));
     const TileScratch ts(base, G, s);
     TileConfig cfg;
     if constexpr (F == KvForm::kTokenMajor) {
       // C tmm0-3 [16 tokens][gm], A tmm4 = K [16 tokens][32 dims], B tmm5 = Q^T [16 pairs][gm]
       const int gm = tile_size(G, kQkTokenHeads);
-      pack_query_token_major(q, G, s.D, ts.q);
+      for (int j = 0; j < nh; ++j) pack_query_token_major(q + j * G * s.D, G, s.D, ts.q(j));
       for (int t = 0; t < 4; ++t) cfg.set(t, 16, 4 * gm);
       cfg.set(4, 16, 64);
       cfg.set(5, 16, 4 * gm);
     } else {
       // C tmm0-3 [(g, j)][16], A tmm4 / tmm6 = Q [(g, j)][kr pairs], B tmm5 = K [kr rows][64 B]
       const int gm = tile_size(G, kQkVllmHeads), kr = vllm_k_rows_per_chunk(s.D);
-      pack_query_vllm(q, G, s.D, gm, kr, ts.q);
+      pack_query_vllm(q, G, s.D, gm, kr, ts.q(0));  // (nh == 1: work_items.h)
       for (int t = 0; t < 4; ++t) cfg.set(t, 4 * gm, 64);
       cfg.set(4, 4 * gm, 4 * kr);
       cfg.set(6, 4 * gm, 4 * kr);
@@ -489,7 +497,7 @@ struct Isa : Avx512Layer {
 
   template <KvForm F>
   static void tiles_qk_blocks(const TileQkBlocks<uint16_t>& group, int G, float qk_scale,
-                              const TaskShape& s, float* tiles) {
+                              const TaskShape& s, float* tiles, int j) {
     const TileScratch ts(tiles, G, s);
     // per block, a share of its prefetch slices per 16 tokens and 32 dims (token-major) or per
     // 4 tokens (vLLM's layout)
@@ -500,17 +508,17 @@ struct Isa : Avx512Layer {
         {group.n > 2 ? group.pf_k[2] : nullptr, group.n > 2 ? group.pf_v[2] : nullptr, s, rows},
         {group.n > 3 ? group.pf_k[3] : nullptr, group.n > 3 ? group.pf_v[3] : nullptr, s, rows}};
     if constexpr (F == KvForm::kTokenMajor) {
-      qk_token_major_blocks(group, G, qk_scale, s, pf, ts);
+      qk_token_major_blocks(group, G, qk_scale, s, pf, ts.q(j), ts);
     } else {
       for (int b = 0; b < group.n; ++b)
-        qk_vllm_block(group.k[b], G, qk_scale, s, group.logits[b], pf[b], ts);
+        qk_vllm_block(group.k[b], G, qk_scale, s, group.logits[b], pf[b], ts.q(j), ts);
     }
   }
 
   template <KvForm F>
   static void tiles_pv(const uint16_t* V, const Span* spans, int nspans, const float* probs,
                        const TaskShape& s, int G, const float* norm, float* out,
-                       int64_t out_stride, float* tiles) {
+                       int64_t out_stride, PrefetchStream& pf, float* tiles) {
     const TileScratch ts(tiles, G, s);
     Chunk chunks[kMaxChunks];
     const int n = v_chunks<F>(V, spans, nspans, s, ts, chunks);
@@ -524,7 +532,7 @@ struct Isa : Avx512Layer {
       cfg.set(4, 2 * gm, 64);
       cfg.set(5, 16, 64);
       cfg.load();
-      pv_token_major(chunks, n, probs, s, G, lo, hi, norm, out, out_stride, ts);
+      pv_token_major(chunks, n, probs, s, G, lo, hi, norm, out, out_stride, pf, ts);
     } else {
       // C tmm0-5 [16 dims][gm], A tmm6 = V [16 dims][tc tokens], B tmm7 = P^T [tc / 2][gm]
       const int gm = tile_size(G, kPvVllmHeads), tc = chunk_tokens<F>(s);

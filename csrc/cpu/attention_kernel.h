@@ -15,11 +15,13 @@
 namespace paged_attn {
 namespace cpu {
 
-// One work item: tokens [partition * kPartitionSize, min(seq_len, (partition + 1) * ...)).
+// One work item: tokens [partition * kPartitionSize, min(seq_len, (partition + 1) * ...)) of
+// KV heads [kv_head, kv_head + kv_heads) (more than one only where work_items.h allows).
 struct PartitionTask {
   int seq;
   int kv_head;
   int partition;
+  int kv_heads = 1;
 };
 
 // Everything a work item reads besides PagedAttentionParams, resolved once per call.
@@ -39,7 +41,7 @@ struct KernelInputs {
 size_t kernel_scratch_floats(const PagedAttentionParams& p);
 
 // Computes one work item and writes m_p, s_p and the normalised output of partition
-// `task.partition` for query heads kv_head * G .. kv_head * G + G - 1 (G = num_heads /
+// `task.partition` for query heads kv_head * G .. (kv_head + kv_heads) * G - 1 (G = num_heads /
 // num_kv_heads). The partition must hold at least one token.
 // `next`: the work item this thread runs after this one, or null; a kernel may prefetch its
 // K / V while this one computes (a hint: it changes no result).

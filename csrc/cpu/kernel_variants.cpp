@@ -4,6 +4,7 @@
 // PAGED_ATTN_CPU_KERNEL names another. Adding an ISA: its isa_<name>.cpp and one line here.
 #include "attention_kernel.h"
 #include "kernel_common.h"
+#include "work_items.h"
 
 namespace paged_attn {
 namespace cpu {
@@ -51,7 +52,9 @@ const KernelVariant* kernel_variants(int* count) {
 // Every variant's scratch (kernel_common.h's ScratchLayout).
 size_t kernel_scratch_floats(const PagedAttentionParams& p) {
   return static_cast<size_t>(
-      ScratchLayout(p.num_heads / p.num_kv_heads, p.head_size, p.block_size).total);
+      ScratchLayout(p.num_heads / p.num_kv_heads * max_kv_heads_per_item(p), p.head_size,
+                    p.block_size)
+          .total);
 }
 
 }  // namespace cpu

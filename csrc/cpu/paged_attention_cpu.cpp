@@ -25,6 +25,7 @@
 #include "attention_kernel.h"
 #include "cache_element.h"
 #include "threads_per_call.h"
+#include "work_items.h"
 
 namespace paged_attn {
 namespace cpu {
@@ -112,14 +113,11 @@ void paged_attention(const PagedAttentionParams& p, bool is_v2, PartitionKernel 
   int longest = 0;
   for (int s = 0; s < p.num_seqs; ++s) longest = std::max(longest, p.seq_lens[s]);
   const int P = is_v2 ? p.max_num_partitions : std::max(1, partitions_of(longest));
-  // Partition-major: the KV heads of one partition are consecutive items, so a thread reads
-  // each block's heads (adjacent slices of one block) one after another, and the next item's
-  // prefetch lands in the same blocks (docs/CPU_KERNEL.md, "Performance: where the time goes").
-  std::vector<PartitionTask> tasks;
-  for (int s = 0; s < p.num_seqs; ++s)
-    for (int part = 0; part < partitions_of(p.seq_lens[s]); ++part)
-      for (int kh = 0; kh < p.num_kv_heads; ++kh)
-        tasks.push_back(PartitionTask{s, kh, part});
+  // Partition-major (work_items.h): a thread reads each block's heads one after another, and
+  // the next item's prefetch lands in the same blocks (docs/CPU_KERNEL.md, "Performance: where
+  // the time goes").
+  const std::vector<PartitionTask> tasks =
+      work_items(p, kv_heads_per_item(p, at::get_num_threads()));
 
   std::unique_ptr<float[]> query_copy;
   const float* query = query_as_float(p, &query_copy);

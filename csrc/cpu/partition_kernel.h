@@ -1,5 +1,6 @@
-// partition_kernel.h — THE CPU paged-attention algorithm for one work item (sequence, KV head,
-// 512-token partition), written once against a 16-lane fp32 vector layer.
+// partition_kernel.h — THE CPU paged-attention algorithm for one work item (sequence, KV head or
+// group of adjacent NHD KV heads, 512-token partition), written once against a 16-lane fp32
+// vector layer.
 //
 // Included by each ISA file (isa_<name>.cpp) inside its target region, after it has defined
 // `struct Isa` in namespace paged_attn::cpu::PA_ISA; everything here lands in that namespace, so
@@ -71,6 +72,11 @@
 // a few lines per step: a burst stalls on the miss buffers and leaves
 // nothing in flight during the compute (measured; git history of docs/CPU_KERNEL.md).
 // Token-major PV also pulls the next block's V into L1, token by token.
+// Items of several KV heads (work_items.h: NHD, the heads of a token adjacent): QK block by
+// block over all of them (each head's slice a head_stride further), its prefetch of a block's
+// rows of all the heads shared out by tokens over their QK calls; their V is not prefetched
+// during QK but streams in during the first head's PV (the others then read it from L2), so that
+// K and V never wait in L2 together; softmax and PV head by head.
 #ifndef PA_ISA
 #error "partition_kernel.h is included by an ISA file that defines PA_ISA and its struct Isa"
 #endif
@@ -811,8 +817,11 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
   s.k_mem = slice_bytes(F, p.k_layout, s.D, s.bs, sizeof(T));
   s.v_mem = slice_bytes(F, p.v_layout, s.D, s.bs, sizeof(T));
 
+  // The item's KV heads (work_items.h): head j's slices lie j * head_stride after the first
+  // one's, its G query heads are rows j G .. j G + G - 1 of qs, logits, norm and the results.
+  const int nh = task.kv_heads, Gi = G * nh;
   const int max_spans = max_spans_of(s.bs);
-  const ScratchLayout layout(G, s.D, s.bs);  // kernel_common.h
+  const ScratchLayout layout(Gi, s.D, s.bs);  // kernel_common.h
   float* logits = scratch;
   float* qs = scratch + layout.qs;
   float* norm = scratch + layout.norm;
@@ -822,11 +831,18 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
   const int hi = spans[nspans - 1].buf + spans[nspans - 1].hi;
   const int h0 = task.kv_head * G;
   if (blocksparse_active(p.blocksparse))  // only the blocks some head attends stay in spans
-    nspans = drop_unattended_blocks(p, task, s, h0, G, spans, nspans, logits);
+    nspans = drop_unattended_blocks(p, task, s, h0, G, spans, nspans, logits);  // (nh == 1)
 
   const float* q = in.query + (static_cast<int64_t>(task.seq) * p.num_heads + h0) * s.D;
   // A short item (few tokens, dense) gathers its tokens; the rest runs block by block.
   const bool short_item = hi - lo <= kShortTokens && !blocksparse_active(p.blocksparse);
+  if (short_item && nh > 1) {  // a few tokens: no stream to read, each head on its own
+    for (int j = 0; j < nh; ++j)
+      run_partition<Cache, F>(p, in, PartitionTask{task.seq, task.kv_head + j, task.partition, 1},
+                              nullptr, scratch);
+    return;
+  }
+  const int64_t k_head = p.k_layout.head_stride, v_head = p.v_layout.head_stride;
   float* short_rows = scratch + layout.short_rows;
   PrefetchStream pf;
   float* tiles = nullptr;  // kTiles: the layer's tile scratch for this item
@@ -838,17 +854,17 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
     // qs[g][d] = qk_scale * q[h0 + g][d] for d < Dq (0 past D); for BF16Dot, the bf16 bits of
     // q[h0 + g][d] (exact: the query is bf16, its fp32 copy's top half) and QK scales the sums.
     if constexpr (kTiles) {
-      tiles = Layer::template tiles_begin<F>(q, G, s);
+      tiles = Layer::template tiles_begin<F>(q, G, nh, s);
     } else if constexpr (kBf16Dot) {
       auto* qb = reinterpret_cast<uint16_t*>(qs);
-      for (int64_t i = 0; i < static_cast<int64_t>(G) * s.D; ++i) {
+      for (int64_t i = 0; i < static_cast<int64_t>(Gi) * s.D; ++i) {
         uint32_t bits;
         std::memcpy(&bits, q + i, sizeof(bits));
         qb[i] = static_cast<uint16_t>(bits >> 16);
       }
     } else {
       const Vec scale = Isa::set1(in.qk_scale);
-      for (int g = 0; g < G; ++g)
+      for (int g = 0; g < Gi; ++g)
         for (int d = 0; d < s.Dq; d += 16)  // lanes past D load 0
           Isa::store(qs + g * s.Dq + d,
                      Isa::mul(scale, Isa::load(q + g * s.D + d, Isa::lanes(0, s.D - d))),
@@ -865,7 +881,8 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
     // Not with matrix tiles: their PV is short, and the next item's K streaming in meanwhile
     // slowed PV's own reads (HND 3-6% from DRAM, measured); that item's QK prefetches its K.
     Span* next_spans = spans + max_spans;
-    const int n_next = next != nullptr && nspans > 0 && !kTiles
+    // Nor with more than one KV head (their V fills the L2 share already).
+    const int n_next = next != nullptr && nspans > 0 && !kTiles && nh == 1 && next->kv_heads == 1
                            ? partition_spans(p, *next, s.bs, next_spans)
                            : 0;
     const int nk = static_cast<int>(
@@ -892,6 +909,25 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
       const int64_t lines = nk * s.k_mem.lines() + nv * s.v_mem.lines();
       pf.lines_per_step = static_cast<int>((lines + steps - 1) / steps);
     }
+    // nh > 1: the item's V (all its heads, a run per token) streams in during the first head's
+    // PV, not during QK, so that K and V do not wait in L2 together (work_items.h): the first
+    // kVAhead blocks during the QK of the last kAhead, the others a share per step of that PV,
+    // twice as fast as it reads them so that the stream stays ahead.
+    constexpr int kVAhead = 2;
+    const int64_t heads_bytes = static_cast<int64_t>(nh) * s.D * sizeof(T);
+    const SliceBytes v_item{s.bs, heads_bytes, s.v_mem.run_stride};
+    if (nh > 1 && nspans > kVAhead) {
+      const char** v_blocks = reinterpret_cast<const char**>(scratch + layout.next_kv);
+      for (int i = kVAhead; i < nspans; ++i)
+        v_blocks[i - kVAhead] = reinterpret_cast<const char*>(V + spans[i].v_offset);
+      pf.blocks = v_blocks;
+      pf.nblocks = nspans - kVAhead;
+      pf.nfirst = 0;
+      pf.mem_rest = v_item;
+      const int steps = kTiles ? (hi - lo + 15) / 16 : token_pv_steps(spans, nspans, G, s.D);
+      const int64_t lines = (nspans - kVAhead) * v_item.lines();
+      pf.lines_per_step = static_cast<int>((2 * lines + steps - 1) / std::max(1, steps));
+    }
     float* v_ahead = scratch + layout.v_ahead;
     const bool v_prefetched = *v_ahead == 1.0f;  // by the item before
     *v_ahead = nv > 0 ? 1.0f : 0.0f;
@@ -903,31 +939,64 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
     if constexpr (kTiles)
       group_blocks = std::min(TileQkBlocks<T>::kMax, Layer::template tiles_qk_blocks_per_call<F>(s));
     const int kAhead = 3 + group_blocks;
+    // Prefetch with nh > 1: a block's slices of all the item's heads (one run per token), shared
+    // out over the heads' QK calls by tokens: head j takes tokens [bs j / nh, bs (j + 1) / nh).
+    const SliceBytes k_item = nh == 1 ? s.k_mem : SliceBytes{s.bs, heads_bytes, s.k_mem.run_stride};
+    const auto head_share = [&](int j, const char** pk, const char** pv) {
+      TaskShape sj = s;
+      if (nh == 1) return sj;
+      const int t0 = s.bs * j / nh, t1 = s.bs * (j + 1) / nh;
+      sj.k_mem = SliceBytes{t1 - t0, heads_bytes, s.k_mem.run_stride};
+      sj.v_mem = SliceBytes{t1 - t0, heads_bytes, s.v_mem.run_stride};
+      if (*pk != nullptr) *pk += t0 * s.k_mem.run_stride;
+      if (*pv != nullptr) *pv += t0 * s.v_mem.run_stride;
+      return sj;
+    };
     for (int i = 0; i < std::min(kAhead, nspans); ++i)
-      prefetch_lines(reinterpret_cast<const char*>(K + spans[i].k_offset), s.k_mem, 0,
-                     s.k_mem.lines());
+      prefetch_lines(reinterpret_cast<const char*>(K + spans[i].k_offset), k_item, 0,
+                     k_item.lines());
     TileQkBlocks<T> group;  // kTiles: blocks for one tile QK call
     for (int i = 0; i < nspans; ++i) {
       const char* pf_k = i + kAhead < nspans
                              ? reinterpret_cast<const char*>(K + spans[i + kAhead].k_offset)
                              : nullptr;
+      // nh > 1: the first kVAhead blocks' V, from where the K prefetch has run out of blocks
+      const int v_first = i - std::max(0, nspans - kAhead);
       const char* pf_v =
-          v_prefetched ? nullptr : reinterpret_cast<const char*>(V + spans[i].v_offset);
+          nh > 1 ? (v_first >= 0 && v_first < kVAhead
+                        ? reinterpret_cast<const char*>(V + spans[v_first].v_offset)
+                        : nullptr)
+          : v_prefetched ? nullptr
+                         : reinterpret_cast<const char*>(V + spans[i].v_offset);
       if constexpr (kTiles) {  // all heads, group_blocks blocks at once
         group.add(K + spans[i].k_offset, logits + spans[i].buf, pf_k, pf_v);
         if (group.n == group_blocks || i + 1 == nspans) {
-          Layer::template tiles_qk_blocks<F>(group, G, in.qk_scale, s, tiles);
+          for (int j = 0; j < nh; ++j) {
+            TileQkBlocks<T> head = group;
+            TaskShape sj = s;
+            for (int b = 0; b < head.n; ++b) {
+              head.k[b] += j * k_head;
+              head.logits[b] += static_cast<int64_t>(j) * G * s.L;
+              sj = head_share(j, &head.pf_k[b], &head.pf_v[b]);
+            }
+            Layer::template tiles_qk_blocks<F>(head, G, in.qk_scale, sj, tiles, j);
+          }
           group.n = 0;
         }
       } else {
-        for (int g0 = 0; g0 < G;) {
-          const int gt = tile_heads(G, g0, Isa::kQkHeads);
-          const float* qs_tile = kBf16Dot ? qs + static_cast<int64_t>(g0) * s.D / 2  // 2 bf16 a float
-                                          : qs + static_cast<int64_t>(g0) * s.Dq;
-          qk_tile<Cache, F>(gt, K + spans[i].k_offset, qs_tile, in.qk_scale, s,
-                            logits + static_cast<int64_t>(g0) * s.L + spans[i].buf, pf_k, pf_v);
-          pf_k = pf_v = nullptr;  // once per block
-          g0 += gt;
+        for (int j = 0; j < nh; ++j) {
+          const char *pk = pf_k, *pv = pf_v;
+          const TaskShape sj = head_share(j, &pk, &pv);
+          for (int g0 = 0; g0 < G;) {
+            const int gt = tile_heads(G, g0, Isa::kQkHeads);
+            const int64_t row = static_cast<int64_t>(j) * G + g0;  // first query row of the tile
+            const float* qs_tile = kBf16Dot ? qs + row * s.D / 2  // 2 bf16 a float
+                                            : qs + row * s.Dq;
+            qk_tile<Cache, F>(gt, K + j * k_head + spans[i].k_offset, qs_tile, in.qk_scale, sj,
+                              logits + row * s.L + spans[i].buf, pk, pv);
+            pk = pv = nullptr;  // once per block
+            g0 += gt;
+          }
         }
       }
     }
@@ -939,7 +1008,7 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
   const int t_at_lo = task.partition * kPartitionSize;  // token index of buffer position lo
   const int64_t row0 = (static_cast<int64_t>(task.seq) * p.num_heads + h0) * in.num_partitions +
                        task.partition;  // [seq, h0, partition] in the result arrays
-  for (int g = 0; g < G; ++g) {
+  for (int g = 0; g < Gi; ++g) {
     float* l = logits + static_cast<int64_t>(g) * s.L;
     if (p.alibi_slopes) {
       const float slope = p.alibi_slopes[h0 + g];
@@ -960,10 +1029,18 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
   const int64_t out_stride = static_cast<int64_t>(in.num_partitions) * s.D;
   if (short_item) {
     short_pv(logits, short_rows + kShortTokens * s.Dq, hi - lo, s, G, lo, norm, out, out_stride);
-  } else if constexpr (kTiles) {
-    Layer::template tiles_pv<F>(V, spans, nspans, logits, s, G, norm, out, out_stride, tiles);
-  } else if constexpr (F == KvForm::kTokenMajor) {
-    pv_token_major<Cache>(V, spans, nspans, logits, s, G, norm, out, out_stride, pf);
+  } else if constexpr (kTiles || F == KvForm::kTokenMajor) {
+    PrefetchStream none;  // heads after the first: their V came with the first one's
+    for (int j = 0; j < nh; ++j) {
+      const int64_t row = static_cast<int64_t>(j) * G;
+      PrefetchStream& pf_j = j == 0 ? pf : none;
+      if constexpr (kTiles)
+        Layer::template tiles_pv<F>(V + j * v_head, spans, nspans, logits + row * s.L, s, G,
+                                    norm + row, out + row * out_stride, out_stride, pf_j, tiles);
+      else
+        pv_token_major<Cache>(V + j * v_head, spans, nspans, logits + row * s.L, s, G, norm + row,
+                              out + row * out_stride, out_stride, pf_j);
+    }
   } else {
     for (int g0 = 0; g0 < G;) {
       const int gt = tile_heads(G, g0, row_pv_heads<Cache>());

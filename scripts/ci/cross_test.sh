@@ -20,7 +20,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 BUILD="${PAGED_ATTN_CROSS_BUILD:-$ROOT/build/cross}"
 SOURCES="csrc/cpu/isa_amx.cpp csrc/cpu/isa_avx512.cpp csrc/cpu/isa_avx2.cpp csrc/cpu/isa_neon.cpp csrc/cpu/isa_scalar.cpp
-         csrc/cpu/kernel_variants.cpp tests/cross/driver.cpp"
+         csrc/cpu/kernel_variants.cpp csrc/cpu/work_items.cpp tests/cross/driver.cpp"
 TARGETS="host arm"
 case "${1:-}" in
   --host) TARGETS=host; shift ;;

@@ -19,6 +19,7 @@
 #include "case_file.h"
 #include "core/compound_state.h"
 #include "cpu/attention_kernel.h"
+#include "cpu/work_items.h"
 
 using namespace paged_attn;
 using namespace paged_attn::cpu;
@@ -35,11 +36,9 @@ std::string run_case(const KernelVariant& var, Case& c) {
   PagedAttentionParams& p = c.p;
   const int D = p.head_size, P = std::max(1, partitions_of(p.max_seq_len));
   p.max_num_partitions = P;
-  // Work items: partition-major, one per (seq, partition, kv_head) holding >= 1 token.
-  std::vector<PartitionTask> tasks;
-  for (int s = 0; s < p.num_seqs; ++s)
-    for (int part = 0; part < partitions_of(c.lens[s]); ++part)
-      for (int kh = 0; kh < p.num_kv_heads; ++kh) tasks.push_back(PartitionTask{s, kh, part});
+  // Work items as the launcher builds them for one thread (work_items.h: NHD items of several
+  // KV heads where the L2 allows).
+  const std::vector<PartitionTask> tasks = work_items(p, kv_heads_per_item(p, 1));
   // Results and scratch pre-filled with NaN (the launcher's are uninitialised / zeroed): a
   // kernel that reads what it did not write shows up as NaN.
   const int64_t rows = int64_t{p.num_seqs} * p.num_heads;
