@@ -50,6 +50,11 @@ def choose_version(device: torch.device, max_seq_len: int, num_seqs: int, num_he
     return "v1" if use_v1(max_seq_len, num_seqs, num_heads) else "v2"
 
 
+# The ops' callers (op_args.caller), and torch.Tensor, as module globals: one lookup each per call.
+_CALL = {op: op_args.caller(op) for op in ("v1", "v2", "decode")}
+_Tensor = torch.Tensor
+
+
 def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                     block_tables: torch.Tensor, seq_lens: torch.Tensor, *,
                     max_seq_len: Optional[int] = None, scale: Optional[float] = None,
@@ -78,7 +83,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     try:
         num_seqs, num_heads, head_size = query.shape
         _, num_kv_heads, _, block_size, _ = key_cache.shape
-        tensors = isinstance(query, torch.Tensor) and isinstance(key_cache, torch.Tensor)
+        tensors = isinstance(query, _Tensor) and isinstance(key_cache, _Tensor)
     except (AttributeError, TypeError, ValueError):
         tensors = False
     if not tensors:  # raises, naming the argument
@@ -101,7 +106,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         raise ValueError(f"paged_attention: version must be 'v1', 'v2' or 'auto', got {version!r}")
     if out is None:
         out = torch.empty_like(query, memory_format=torch.contiguous_format)
-    scratch = ()
+    head = (out,)  # the arguments before the query: v1's out, v2's out and scratch (schemas.py)
     if version == "v2":
         # The scratch is sized from max_seq_len: a longer row would be the op's error about a
         # tmp_out the caller never made. Checked where reading seq_lens costs no device sync.
@@ -114,17 +119,16 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         partitions = num_partitions(max_seq_len)
         exp_sums = torch.empty(num_seqs, num_heads, partitions, dtype=torch.float32,
                                device=query.device)
-        scratch = (exp_sums, torch.empty_like(exp_sums),
-                   torch.empty(num_seqs, num_heads, partitions, head_size, dtype=query.dtype,
-                               device=query.device))
-    # v1's arguments, v2's = v1's with the scratch after `out` (schemas.py)
-    args = (out, *scratch, query, key_cache, value_cache, num_kv_heads, scale, block_tables,
-            seq_lens, block_size, max_seq_len, alibi_slopes, kv_cache_dtype, k_scale, v_scale,
-            tp_rank, blocksparse_local_blocks, blocksparse_vert_stride, blocksparse_block_size,
-            blocksparse_head_sliding_step)
+        head = (out, exp_sums, torch.empty_like(exp_sums),
+                torch.empty(num_seqs, num_heads, partitions, head_size, dtype=query.dtype,
+                            device=query.device))
+    args = head + (query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens,
+                   block_size, max_seq_len, alibi_slopes, kv_cache_dtype, k_scale, v_scale,
+                   tp_rank, blocksparse_local_blocks, blocksparse_vert_stride,
+                   blocksparse_block_size, blocksparse_head_sliding_step)
     if validate:
         _validate(version, args)
-    op_args.caller(version)(*args)  # (not through a helper: a call frame is 2% of a tiny call)
+    _CALL[version](*args)  # (not through a helper: a call frame is 2% of a tiny call)
     return out
 
 
@@ -212,7 +216,7 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
     try:
         if validate:
             _validate("decode", args)
-        op_args.caller("decode")(*args)
+        _CALL["decode"](*args)
     except ValueError as error:  # a shape error may be a layout mix-up: say which was assumed
         raise ValueError(f"{error} (paged_decode read the caches as kv_layout={kv_layout!r}: "
                          "pass the layout they were allocated with)") from error

@@ -7,7 +7,9 @@ import dataclasses
 import pytest
 import torch
 
+import paged_attention_ext as pa
 from paged_attention_ext import reference
+from paged_attention_ext.integrations import vllm_compat
 from paged_attention_ext.tools import testing
 
 
@@ -86,6 +88,32 @@ def test_torch_compile_fullgraph(dynamic):
                                testing.alloc_v2_outputs(ref_inputs))
     testing.assert_out_matches(eager[1], expected.out, inputs.dtype)
 
+
+
+def test_torch_compile_fullgraph_through_the_python_callers():
+    # vllm_compat's functions and the Python API call the C++ op without OpOverload's Python
+    # frame, but torch.compile knows only the OpOverloads: traced, they must take those.
+    torch._dynamo.reset()
+    inputs = testing.make_attention_inputs(2, 8, 2, 64, 16, [40, 300], dtype=torch.bfloat16,
+                                           seed=17)
+    args = (inputs.query, inputs.key_cache, inputs.value_cache, 2, 0.125, inputs.block_tables,
+            inputs.seq_lens, 16, 300, None, "auto", 1.0, 1.0)
+
+    def through_vllm_compat(out):
+        vllm_compat.paged_attention_v1(out, *args)
+        return out * 2
+
+    def through_the_api():
+        return pa.paged_attention(*args[:3], inputs.block_tables, inputs.seq_lens, scale=0.125,
+                                  max_seq_len=300, version="v1") * 2
+
+    eager = through_vllm_compat(torch.empty_like(inputs.query))
+    compiled = torch.compile(through_vllm_compat, fullgraph=True)(torch.empty_like(inputs.query))
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+    torch.testing.assert_close(torch.compile(through_the_api, fullgraph=True)(), eager,
+                               rtol=0, atol=0)
+    expected = testing.call_v1(reference.paged_attention_v1, inputs, torch.empty_like(inputs.query))
+    testing.assert_out_matches(eager / 2, expected, inputs.dtype)
 
 # ---- decode / reshape_and_cache_flash (NHD-ordered strided caches) ----
 
