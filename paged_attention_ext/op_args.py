@@ -103,8 +103,7 @@ def overload(op, k_scale=1.0, v_scale=1.0):
     named directly: `.scale_tensor` for two tensors, the default one for two numbers, else the
     packet itself (torch resolves mixed scales). The packet makes the same choice
     (_registration.py); naming the overload skips that Python step."""
-    choices = _BY_TENSOR_SCALES.get(op) or _overload_choices(op)
-    return choices[isinstance(k_scale, _Tensor) + isinstance(v_scale, _Tensor)]
+    return _overload_choices(op)[isinstance(k_scale, _Tensor) + isinstance(v_scale, _Tensor)]
 
 
 def _direct(choices):
@@ -144,9 +143,10 @@ def _int_tail(record):
 
 def _caller_source(op, name, fields):
     """Source of `def name(<fields: op's arguments>)` that calls op's overload for its scales (its
-    C++ callable, _direct, unless torch.compile is tracing the call). Trailing int arguments that are their defaults (the very objects: CPython shares small ints)
-    are left to the schema's defaults: the dispatcher fills a default faster than it parses an
-    argument (v1's five: 0.4 us of a 6 us call)."""
+    C++ callable, _direct, unless torch.compile is tracing the call). Trailing int arguments
+    that are their defaults (the very objects: CPython shares small ints) are left to the
+    schema's defaults: the dispatcher fills a default faster than it parses an argument (v1's
+    five: 0.4 us of a 6 us call)."""
     start, tail = _INT_TAIL[op]
     k_scale, v_scale = (fields[i] for i in _SCALE_INDEX[op])
     src = (f"def {name}({', '.join(fields)}):\n"  # overload's choice, inlined (_direct)
@@ -163,7 +163,8 @@ def _make_caller(op, name, fields):
                  "_compiling": torch.compiler.is_compiling}
 
     def resolve():  # overload's choices, looked up on the first call (the ops register late)
-        namespace["_choices"] = _direct(_overload_choices(op)) + _overload_choices(op)
+        choices = _overload_choices(op)
+        namespace["_choices"] = _direct(choices) + choices
         return namespace["_choices"]
 
     namespace["_resolve"] = resolve

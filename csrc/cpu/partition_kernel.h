@@ -942,15 +942,15 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
     // Prefetch with nh > 1: a block's slices of all the item's heads (one run per token), shared
     // out over the heads' QK calls by tokens: head j takes tokens [bs j / nh, bs (j + 1) / nh).
     const SliceBytes k_item = nh == 1 ? s.k_mem : SliceBytes{s.bs, heads_bytes, s.k_mem.run_stride};
-    const auto head_share = [&](int j, const char** pk, const char** pv) {
-      TaskShape sj = s;
-      if (nh == 1) return sj;
+    TaskShape share = s;  // nh > 1: the shape whose k_mem / v_mem are head j's share
+    const auto head_share = [&](int j, const char** pk, const char** pv) -> const TaskShape& {
+      if (nh == 1) return s;
       const int t0 = s.bs * j / nh, t1 = s.bs * (j + 1) / nh;
-      sj.k_mem = SliceBytes{t1 - t0, heads_bytes, s.k_mem.run_stride};
-      sj.v_mem = SliceBytes{t1 - t0, heads_bytes, s.v_mem.run_stride};
+      share.k_mem = SliceBytes{t1 - t0, heads_bytes, s.k_mem.run_stride};
+      share.v_mem = SliceBytes{t1 - t0, heads_bytes, s.v_mem.run_stride};
       if (*pk != nullptr) *pk += t0 * s.k_mem.run_stride;
       if (*pv != nullptr) *pv += t0 * s.v_mem.run_stride;
-      return sj;
+      return share;
     };
     for (int i = 0; i < std::min(kAhead, nspans); ++i)
       prefetch_lines(reinterpret_cast<const char*>(K + spans[i].k_offset), k_item, 0,
@@ -973,20 +973,20 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
         if (group.n == group_blocks || i + 1 == nspans) {
           for (int j = 0; j < nh; ++j) {
             TileQkBlocks<T> head = group;
-            TaskShape sj = s;
+            const TaskShape* sj = &s;
             for (int b = 0; b < head.n; ++b) {
               head.k[b] += j * k_head;
               head.logits[b] += static_cast<int64_t>(j) * G * s.L;
-              sj = head_share(j, &head.pf_k[b], &head.pf_v[b]);
+              sj = &head_share(j, &head.pf_k[b], &head.pf_v[b]);
             }
-            Layer::template tiles_qk_blocks<F>(head, G, in.qk_scale, sj, tiles, j);
+            Layer::template tiles_qk_blocks<F>(head, G, in.qk_scale, *sj, tiles, j);
           }
           group.n = 0;
         }
       } else {
         for (int j = 0; j < nh; ++j) {
           const char *pk = pf_k, *pv = pf_v;
-          const TaskShape sj = head_share(j, &pk, &pv);
+          const TaskShape& sj = head_share(j, &pk, &pv);
           for (int g0 = 0; g0 < G;) {
             const int gt = tile_heads(G, g0, Isa::kQkHeads);
             const int64_t row = static_cast<int64_t>(j) * G + g0;  // first query row of the tile
