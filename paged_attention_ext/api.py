@@ -68,7 +68,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     num_heads, head_size].
 
     max_seq_len: the longest seq_len (sizes v2's scratch). None reads seq_lens.max(): a host sync
-      on CUDA, so pass it on hot paths and under CUDA-graph capture.
+      on CUDA, so pass it on hot paths, under CUDA-graph capture and under torch.compile.
     scale: softmax scale, default 1/sqrt(head_size).
     version: "v1", "v2" or "auto" (choose_version: on CUDA v1, which splits rows itself, unless
       the block table is much wider than max_seq_len; elsewhere vLLM's rule).
@@ -109,8 +109,10 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     head = (out,)  # the arguments before the query: v1's out, v2's out and scratch (schemas.py)
     if version == "v2":
         # The scratch is sized from max_seq_len: a longer row would be the op's error about a
-        # tmp_out the caller never made. Checked where reading seq_lens costs no device sync.
-        if max_seq_len_given and (validate or seq_lens.device.type == "cpu") and seq_lens.numel():
+        # tmp_out the caller never made. Checked where reading seq_lens costs no device sync and
+        # outside torch.compile's tracing (a data-dependent read; the op's own check still runs).
+        if (max_seq_len_given and (validate or seq_lens.device.type == "cpu")
+                and seq_lens.numel() and not torch.compiler.is_compiling()):
             longest = int(seq_lens.max())
             if longest > max_seq_len:
                 raise ValueError(f"paged_attention: max_seq_len ({max_seq_len}) is below the "
