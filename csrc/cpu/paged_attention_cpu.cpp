@@ -33,6 +33,24 @@ namespace {
 
 int partitions_of(int seq_len) { return (seq_len + kPartitionSize - 1) / kPartitionSize; }
 
+// Float buffers of one call (the query copy, v1's partition statistics, the partition outputs),
+// each kept by the calling thread for its next call (one per kBuffer). Fresh, they are pages
+// malloc may map per call, each 4 KiB faulted in on first touch: ~480 faults, ~15% of a bf16
+// call of 64 sequences x 256 tokens in cache (docs/CPU_KERNEL.md). A buffer of more than
+// kKeepFloats is the call's own (its faults are small beside the K / V the call reads).
+constexpr size_t kKeepFloats = size_t{8} << 20;  // 32 MiB
+
+template <int kBuffer>
+float* call_buffer(size_t floats, std::unique_ptr<float[]>* own) {
+  thread_local std::vector<float> kept;
+  if (floats > kKeepFloats) {
+    own->reset(new float[floats]);
+    return own->get();
+  }
+  if (kept.size() < floats) kept.resize(floats);
+  return kept.data();
+}
+
 // Scale of an fp8 cache: the tensor overload's CPU float, else the double; 1 for "auto".
 float cache_scale(const PagedAttentionParams& p, const float* ptr, float value) {
   if (p.cache_kind == CacheKind::kAuto) return 1.0f;
@@ -60,20 +78,22 @@ void copy_query_rows(const PagedAttentionParams& p, float* q) {
   }
 }
 
-// The query as contiguous fp32 [num_seqs, num_heads, head_size]: p.query itself when it is one,
-// else a copy held in *copy.
-const float* query_as_float(const PagedAttentionParams& p, std::unique_ptr<float[]>* copy) {
+// The query is read in place when it is contiguous fp32 [num_seqs, num_heads, head_size].
+bool query_is_float_rows(const PagedAttentionParams& p) {
   const int64_t D = p.head_size;
-  if (p.scalar_kind == ScalarKind::kFloat32 && (p.num_heads <= 1 || p.q_head_stride == D) &&
-      (p.num_seqs <= 1 || p.q_seq_stride == p.num_heads * D))
-    return static_cast<const float*>(p.query);
-  copy->reset(new float[static_cast<int64_t>(p.num_seqs) * p.num_heads * D]);
+  return p.scalar_kind == ScalarKind::kFloat32 && (p.num_heads <= 1 || p.q_head_stride == D) &&
+         (p.num_seqs <= 1 || p.q_seq_stride == p.num_heads * D);
+}
+
+// The query as contiguous fp32 rows: p.query itself (query_is_float_rows), else copied to `copy`.
+const float* query_as_float(const PagedAttentionParams& p, float* copy) {
+  if (query_is_float_rows(p)) return static_cast<const float*>(p.query);
   switch (p.scalar_kind) {
-    case ScalarKind::kFloat32: copy_query_rows<F32>(p, copy->get()); break;
-    case ScalarKind::kFloat16: copy_query_rows<F16>(p, copy->get()); break;
-    case ScalarKind::kBFloat16: copy_query_rows<BF16>(p, copy->get()); break;
+    case ScalarKind::kFloat32: copy_query_rows<F32>(p, copy); break;
+    case ScalarKind::kFloat16: copy_query_rows<F16>(p, copy); break;
+    case ScalarKind::kBFloat16: copy_query_rows<BF16>(p, copy); break;
   }
-  return copy->get();
+  return copy;
 }
 
 template <typename scalar_t>
@@ -119,24 +139,27 @@ void paged_attention(const PagedAttentionParams& p, bool is_v2, PartitionKernel 
   const std::vector<PartitionTask> tasks =
       work_items(p, kv_heads_per_item(p, at::get_num_threads()));
 
-  std::unique_ptr<float[]> query_copy;
-  const float* query = query_as_float(p, &query_copy);
   const int64_t rows = static_cast<int64_t>(p.num_seqs) * p.num_heads;
-  // v1 / decode: the partitions' max and sum in an internal [2, rows, P] array.
-  const std::unique_ptr<float[]> stats(is_v2 ? nullptr : new float[2 * rows * P]);
   // One partition per row and an fp32 `out`: a partition's output, normalised by its own sum, IS
   // the row's output (weight 1), so the kernel writes `out` and phase 2 only zeroes the rows of
   // sequences with no tokens (v2: and copies the other rows to tmp_out, its partition 0).
   const bool direct = P == 1 && p.scalar_kind == ScalarKind::kFloat32;
-  const std::unique_ptr<float[]> part_out(direct ? nullptr : new float[rows * P * p.head_size]);
+  // The query copy, v1 / decode's partition max and sum ([2, rows, P]), the partition outputs.
+  const size_t query_floats = query_is_float_rows(p) ? 0 : rows * p.head_size;
+  const size_t stats_floats = is_v2 ? 0 : 2 * rows * P;
+  const size_t part_floats = direct ? 0 : rows * P * p.head_size;
+  std::unique_ptr<float[]> own_query, own_stats, own_part;
+  const float* query = query_as_float(p, call_buffer<0>(query_floats, &own_query));
+  float* const stats = call_buffer<1>(stats_floats, &own_stats);
+  float* const part_out = call_buffer<2>(part_floats, &own_part);
 
   KernelInputs in;
   in.query = query;
   in.qk_scale = p.scale * cache_scale(p, p.k_scale_ptr, p.k_scale);
   in.v_scale = cache_scale(p, p.v_scale_ptr, p.v_scale);
-  in.max_logits = is_v2 ? p.max_logits : stats.get();
-  in.exp_sums = is_v2 ? p.exp_sums : stats.get() + rows * P;
-  in.part_out = direct ? static_cast<float*>(p.out) : part_out.get();  // [rows, P, D]
+  in.max_logits = is_v2 ? p.max_logits : stats;
+  in.exp_sums = is_v2 ? p.exp_sums : stats + rows * P;
+  in.part_out = direct ? static_cast<float*>(p.out) : part_out;  // [rows, P, D]
   in.num_partitions = P;
 
   const size_t scratch_floats = kernel_scratch_floats(p);
