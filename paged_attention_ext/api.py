@@ -68,7 +68,8 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     num_heads, head_size].
 
     max_seq_len: the longest seq_len (sizes v2's scratch). None reads seq_lens.max(): a host sync
-      on CUDA, so pass it on hot paths, under CUDA-graph capture and under torch.compile.
+      on CUDA, so pass it on hot paths and under CUDA-graph capture (under torch.compile, None
+      takes the block table's capacity, block_tables.size(1) * block_size).
     scale: softmax scale, default 1/sqrt(head_size).
     version: "v1", "v2" or "auto" (choose_version: on CUDA v1, which splits rows itself, unless
       the block table is much wider than max_seq_len; elsewhere vLLM's rule).
@@ -93,7 +94,10 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
                                      "[num_blocks, num_kv_heads, head_size / x, block_size, x]")
     max_seq_len_given = max_seq_len is not None
     if not max_seq_len_given:
-        max_seq_len = int(seq_lens.max()) if seq_lens.numel() else 0
+        if torch.compiler.is_compiling():  # the longest row is data; the table's capacity bounds it
+            max_seq_len = block_tables.size(1) * block_size
+        else:
+            max_seq_len = int(seq_lens.max()) if seq_lens.numel() else 0
     if scale is None:
         scale = 1.0 / math.sqrt(head_size)
     if version == "auto":  # choose_version's rule; the device and the table read on CUDA only

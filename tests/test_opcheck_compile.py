@@ -90,8 +90,8 @@ def test_torch_compile_fullgraph(dynamic):
 
 
 
-@pytest.mark.parametrize("version", ["v1", "v2"])
-def test_torch_compile_fullgraph_through_the_python_callers(version):
+@pytest.mark.parametrize("version,max_seq_len", [("v1", 300), ("v2", 300), ("auto", None)])
+def test_torch_compile_fullgraph_through_the_python_callers(version, max_seq_len):
     # vllm_compat's functions and the Python API call the C++ op without OpOverload's Python
     # frame, but torch.compile knows only the OpOverloads: traced, they must take those.
     torch._dynamo.reset()
@@ -106,7 +106,7 @@ def test_torch_compile_fullgraph_through_the_python_callers(version):
 
     def through_the_api():
         return pa.paged_attention(*args[:3], inputs.block_tables, inputs.seq_lens, scale=0.125,
-                                  max_seq_len=300, version=version) * 2
+                                  max_seq_len=max_seq_len, version=version) * 2
 
     eager = through_vllm_compat(torch.empty_like(inputs.query))
     compiled = torch.compile(through_vllm_compat, fullgraph=True)(torch.empty_like(inputs.query))
