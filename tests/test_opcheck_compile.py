@@ -89,7 +89,6 @@ def test_torch_compile_fullgraph(dynamic):
     testing.assert_out_matches(eager[1], expected.out, inputs.dtype)
 
 
-
 @pytest.mark.parametrize("version,max_seq_len", [("v1", 300), ("v2", 300), ("auto", None)])
 def test_torch_compile_fullgraph_through_the_python_callers(version, max_seq_len):
     # vllm_compat's functions and the Python API call the C++ op without OpOverload's Python
@@ -115,6 +114,7 @@ def test_torch_compile_fullgraph_through_the_python_callers(version, max_seq_len
                                rtol=0, atol=0)
     expected = testing.call_v1(reference.paged_attention_v1, inputs, torch.empty_like(inputs.query))
     testing.assert_out_matches(eager / 2, expected, inputs.dtype)
+
 
 # ---- decode / reshape_and_cache_flash (NHD-ordered strided caches) ----
 
