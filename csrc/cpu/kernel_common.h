@@ -190,8 +190,9 @@ constexpr int kShortTokens = 4;
 
 // A work item's per-thread scratch, as float offsets: logits [G][L] | qs [G][Dq] | norm [G] |
 // spans [2][max_spans] (this item's, the next one's) | next K and V block addresses
-// [2][max_spans] | v_ahead: nonzero when the item before (on this thread, scratch zeroed at the
-// start) prefetched this item's V | short_rows [2][kShortTokens][Dq]: a short item's K and V
+// [2][max_spans] | v_ahead: [0] nonzero when the item before (on this thread, scratch zeroed at
+// the start) prefetched this item's V, [1] how many of this item's first K blocks it prefetched |
+// short_rows [2][kShortTokens][Dq]: a short item's K and V
 // tokens as fp32 rows. Every part starts on a 16-float boundary.
 struct ScratchLayout {
   int64_t qs, norm, spans, next_kv, v_ahead, short_rows, total;
