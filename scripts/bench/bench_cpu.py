@@ -13,7 +13,8 @@ other, cache layouts interleaved in one run, and the time over a linear read.
 
 --variants: the kernel's compute per variant instead: one thread, K/V resident in L3 (<= 16 MiB,
 CACHE_SHAPES; short-f32's 32 MiB partly streams from memory, short4-f32 is its in-cache twin;
-short-bf16 is llama-bf16's bytes in rows of 256 tokens: the per-item cost beside it),
+short-bf16 is llama-bf16's bytes in rows of 256 tokens: the per-item cost beside it; l2-bf16
+one such row, in L2),
 variants interleaved in one process, median CPU time (process_time, less
 sensitive to other jobs than wall time) per token per KV head. Compares ISA layers and code
 changes on a shared machine. --layouts: the same shape and bytes in several cache layouts (v1 on
@@ -68,6 +69,7 @@ CACHE_SHAPES = {
     "short-f32": (64, 32, 8, 128, 16, 64, "float32", "auto"),  # 32 MiB of K/V: beyond most L3s
     "short4-f32": (4, 32, 8, 128, 16, 64, "float32", "auto"),  # the same rows, 2 MiB: in cache
     "short-bf16": (16, 32, 8, 128, 16, 256, "bfloat16", "auto"),  # llama-bf16's bytes in rows of 256
+    "l2-bf16": (1, 32, 8, 128, 16, 256, "bfloat16", "auto"),  # one such row, 1 MiB: in L2
 }
 
 # --layouts / --cold-layouts name -> (workload kv_layout, the harness's contender)
