@@ -52,8 +52,9 @@ HOST_PROGRAM = textwrap.dedent(r"""
           p.k_layout = p.v_layout = token_major_layout(block, nhd ? int64_t{H} * D : D,
                                                        nhd ? D : int64_t{bs} * D, D);
         }
-        const int per_item = kv_heads_per_item(p, threads);
-        std::printf("%d %d ", max_kv_heads_per_item(p), per_item);
+        const SeqLengths seq = seq_lengths(p);
+        const int per_item = kv_heads_per_item(p, seq, threads);
+        std::printf("%d %d ", kv_heads_per_item(p, seq, 1), per_item);  // MAX: one thread's
         for (const PartitionTask& t : work_items(p, per_item))
           std::printf("%d:%d:%d:%d,", t.seq, t.partition, t.kv_head, t.kv_heads);
         std::printf("\n");

@@ -36,9 +36,9 @@ struct KernelInputs {
   int num_partitions;  // the partition dimension of the three arrays above
 };
 
-// Floats of per-thread scratch a kernel needs for these params (allocated by the caller, reused
-// across the work items a thread runs).
-size_t kernel_scratch_floats(const PagedAttentionParams& p);
+// Floats of per-thread scratch a kernel needs for these params and items of kv_heads_per_item KV
+// heads (allocated by the caller, reused across the work items a thread runs).
+size_t kernel_scratch_floats(const PagedAttentionParams& p, int kv_heads_per_item);
 
 // Computes one work item and writes m_p, s_p and the normalised output of partition
 // `task.partition` for query heads kv_head * G .. (kv_head + kv_heads) * G - 1 (G = num_heads /

@@ -50,10 +50,9 @@ const KernelVariant* kernel_variants(int* count) {
 }
 
 // Every variant's scratch (kernel_common.h's ScratchLayout).
-size_t kernel_scratch_floats(const PagedAttentionParams& p) {
+size_t kernel_scratch_floats(const PagedAttentionParams& p, int kv_heads_per_item) {
   return static_cast<size_t>(
-      ScratchLayout(p.num_heads / p.num_kv_heads * max_kv_heads_per_item(p), p.head_size,
-                    p.block_size)
+      ScratchLayout(p.num_heads / p.num_kv_heads * kv_heads_per_item, p.head_size, p.block_size)
           .total);
 }
 

@@ -60,10 +60,8 @@ float cache_scale(const PagedAttentionParams& p, const float* ptr, float value) 
 }
 
 // K and V bytes the call reads.
-int64_t kv_bytes(const PagedAttentionParams& p) {
-  int64_t tokens = 0;
-  for (int s = 0; s < p.num_seqs; ++s) tokens += p.seq_lens[s];
-  return 2 * tokens * p.num_kv_heads * p.head_size *
+int64_t kv_bytes(const PagedAttentionParams& p, const SeqLengths& lens) {
+  return 2 * lens.tokens * p.num_kv_heads * p.head_size *
          cache_element_bytes(p.scalar_kind, p.cache_kind);
 }
 
@@ -151,14 +149,13 @@ void paged_attention(const PagedAttentionParams& p, bool is_v2, PartitionKernel 
   // No output elements, nothing to write (and a GQA group of 0 heads to divide by).
   if (p.num_seqs == 0 || p.num_heads == 0 || p.head_size == 0) return;
   // Work items with at least one token, so threads get equal counts of real work.
-  int longest = 0;
-  for (int s = 0; s < p.num_seqs; ++s) longest = std::max(longest, p.seq_lens[s]);
-  const int P = is_v2 ? p.max_num_partitions : std::max(1, partitions_of(longest));
+  const SeqLengths lens = seq_lengths(p);
+  const int P = is_v2 ? p.max_num_partitions : std::max(1, partitions_of(lens.longest));
   // Partition-major (work_items.h): a thread reads each block's heads one after another, and
   // the next item's prefetch lands in the same blocks (docs/CPU_KERNEL.md, "Performance: where
   // the time goes").
-  const std::vector<PartitionTask> tasks =
-      work_items(p, kv_heads_per_item(p, at::get_num_threads()));
+  const int heads_per_item = kv_heads_per_item(p, lens, at::get_num_threads());
+  const std::vector<PartitionTask> tasks = work_items(p, heads_per_item);
 
   const int64_t rows = static_cast<int64_t>(p.num_seqs) * p.num_heads;
   // One partition per row and an fp32 `out`: a partition's output, normalised by its own sum, IS
@@ -183,9 +180,9 @@ void paged_attention(const PagedAttentionParams& p, bool is_v2, PartitionKernel 
   in.part_out = direct ? static_cast<float*>(p.out) : part_out;  // [rows, P, D]
   in.num_partitions = P;
 
-  const size_t scratch_floats = kernel_scratch_floats(p);
+  const size_t scratch_floats = kernel_scratch_floats(p, heads_per_item);
   const int64_t n_tasks = static_cast<int64_t>(tasks.size());
-  const int64_t grain = items_per_thread(n_tasks, kv_bytes(p), min_kv_bytes_per_thread);
+  const int64_t grain = items_per_thread(n_tasks, kv_bytes(p, lens), min_kv_bytes_per_thread);
   at::parallel_for(0, n_tasks, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> scratch(scratch_floats);
     for (int64_t i = begin; i < end; ++i)

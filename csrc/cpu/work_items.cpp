@@ -32,9 +32,7 @@ bool heads_adjacent(const PagedAttentionParams& p) {
 }
 
 // The most KV heads whose V of one partition fits half the L2 (a divisor of num_kv_heads).
-int l2_heads(const PagedAttentionParams& p) {
-  int longest = 0;
-  for (int s = 0; s < p.num_seqs; ++s) longest = std::max(longest, p.seq_lens[s]);
+int l2_heads(const PagedAttentionParams& p, int longest) {
   const int64_t v_bytes = static_cast<int64_t>(std::min(longest, kPartitionSize)) * p.head_size *
                           cache_element_bytes(p.scalar_kind, p.cache_kind);
   int best = 1;
@@ -45,18 +43,22 @@ int l2_heads(const PagedAttentionParams& p) {
 
 }  // namespace
 
-int max_kv_heads_per_item(const PagedAttentionParams& p) {
-  return heads_adjacent(p) ? l2_heads(p) : 1;
+SeqLengths seq_lengths(const PagedAttentionParams& p) {
+  SeqLengths lens;
+  for (int s = 0; s < p.num_seqs; ++s) {
+    lens.longest = std::max(lens.longest, p.seq_lens[s]);
+    lens.tokens += p.seq_lens[s];
+    lens.partitions += partitions_of(p.seq_lens[s]);
+  }
+  return lens;
 }
 
-int kv_heads_per_item(const PagedAttentionParams& p, int threads) {
-  const int most = max_kv_heads_per_item(p);
+int kv_heads_per_item(const PagedAttentionParams& p, const SeqLengths& lens, int threads) {
+  const int most = heads_adjacent(p) ? l2_heads(p, lens.longest) : 1;
   if (most == 1) return 1;
-  int64_t partitions = 0;
-  for (int s = 0; s < p.num_seqs; ++s) partitions += partitions_of(p.seq_lens[s]);
   for (int n = most; n > 1; --n)  // the largest divisor leaving two items per thread
     if (p.num_kv_heads % n == 0 &&
-        partitions * (p.num_kv_heads / n) >= 2 * static_cast<int64_t>(std::max(threads, 1)))
+        lens.partitions * (p.num_kv_heads / n) >= 2 * static_cast<int64_t>(std::max(threads, 1)))
       return n;
   return 1;
 }

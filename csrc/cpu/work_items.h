@@ -21,13 +21,18 @@
 namespace paged_attn {
 namespace cpu {
 
+// What the launcher needs of the sequence lengths, read once per call.
+struct SeqLengths {
+  int longest = 0;
+  int64_t tokens = 0;      // summed over the sequences
+  int64_t partitions = 0;  // 512-token partitions holding tokens, summed
+};
+SeqLengths seq_lengths(const PagedAttentionParams& p);
+
 // KV heads per work item for these params on `threads` threads: 1, or (NHD as above) the most
 // heads, a divisor of num_kv_heads, whose partition V fits the L2 share and that still leave at
 // least two items per thread.
-int kv_heads_per_item(const PagedAttentionParams& p, int threads);
-
-// The largest kv_heads_per_item over any thread count (scratch is sized for it).
-int max_kv_heads_per_item(const PagedAttentionParams& p);
+int kv_heads_per_item(const PagedAttentionParams& p, const SeqLengths& lens, int threads);
 
 // Partition-major items (the KV head groups of one partition are consecutive, so a thread reads
 // each block's heads one after another), each partition holding at least one token.

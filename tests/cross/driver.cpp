@@ -38,12 +38,13 @@ std::string run_case(const KernelVariant& var, Case& c) {
   p.max_num_partitions = P;
   // Work items as the launcher builds them for one thread (work_items.h: NHD items of several
   // KV heads where the L2 allows).
-  const std::vector<PartitionTask> tasks = work_items(p, kv_heads_per_item(p, 1));
+  const int heads_per_item = kv_heads_per_item(p, seq_lengths(p), 1);
+  const std::vector<PartitionTask> tasks = work_items(p, heads_per_item);
   // Results and scratch pre-filled with NaN (the launcher's are uninitialised / zeroed): a
   // kernel that reads what it did not write shows up as NaN.
   const int64_t rows = int64_t{p.num_seqs} * p.num_heads;
   std::vector<float> max_logits(rows * P, NAN), exp_sums(rows * P, NAN), part_out(rows * P * D, NAN);
-  std::vector<float> scratch(kernel_scratch_floats(p), NAN);
+  std::vector<float> scratch(kernel_scratch_floats(p, heads_per_item), NAN);
   const bool fp8 = p.cache_kind != CacheKind::kAuto;
   KernelInputs in;
   in.query = c.query.data();
