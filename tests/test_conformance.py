@@ -180,6 +180,8 @@ TILE_GRID = [
     (12, 2, 256, 32, [1100, 3], True),       # G 6, two K chunks, two PV passes
     (16, 2, 96, 128, [600, 129], False),     # G 8, bs 128
     (24, 2, 112, 16, [513, 40], False),      # G 12, a 16-dim tail
+    (16, 2, 64, 16, [700, 31], False),       # G 8, blocks of 16
+    (8, 2, 256, 16, [530, 17], True),        # G 4, blocks of 16, two PV passes
     (20, 1, 160, 32, [300, 1025], True),     # G 20, several head tiles everywhere
     (6, 2, 40, 16, [520, 9], False),         # G 3, head 40 (token-major tiles only)
 ]
