@@ -57,8 +57,24 @@ if [ -z "$CASES" ]; then
   "$PY" tests/support/cross_cases.py "$CASES" || { echo "cross_test: writing cases FAILED"; exit 1; }
 fi
 
+# bench_smoke: scripts/bench/kernel_bench.cpp linked with the host build's kernel objects, run
+# once per layout on a small shape (the tool stays in step with the kernel's interfaces).
+bench_smoke() {
+  local dir="$BUILD/host" out
+  g++ -O2 -std=c++20 -pthread -I csrc -c scripts/bench/kernel_bench.cpp -o "$dir/kernel_bench.o.tool" &&
+    g++ -pthread $(ls "$dir"/*.o | grep -v /driver.o) "$dir/kernel_bench.o.tool" -o "$dir/kernel_bench" ||
+    { echo "cross_test: kernel_bench build FAILED"; return 1; }
+  for layout in vllm nhd hnd; do
+    for mode in "" --read; do
+      out=$("$dir/kernel_bench" --layout "$layout" --seqs 3 --ctx 600 --heads 12 --kv-heads 4 --reps 1 $mode) ||
+        { echo "cross_test: kernel_bench --layout $layout $mode FAILED"; return 1; }
+      echo "cross_test: $out"
+    done
+  done
+}
+
 if [[ " $TARGETS " == *" host "* ]]; then
-  build host g++ -O2 -std=c++20 -I csrc && run host || status=1
+  build host g++ -O2 -std=c++20 -I csrc && run host && bench_smoke || status=1
 fi
 
 if [[ " $TARGETS " == *" arm "* ]]; then
