@@ -55,25 +55,36 @@ Options parse(int argc, char** argv) {
       if (i + 1 >= argc) usage(("no value after " + a).c_str());
       return argv[++i];
     };
+    const auto number = [&]() {  // a whole decimal number, else usage()
+      const std::string v = value();
+      char* end = nullptr;
+      const long n = std::strtol(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || n < 0 || n > (1L << 30)) usage((a + ": not a count: " + v).c_str());
+      return static_cast<int>(n);
+    };
     if (a == "--layout") o.layout = value();
     else if (a == "--variant") o.variant = value();
     else if (a == "--dtype") o.dtype = value();
-    else if (a == "--seqs") o.seqs = std::stoi(value());
-    else if (a == "--ctx") o.ctx = std::stoi(value());
-    else if (a == "--heads") o.heads = std::stoi(value());
-    else if (a == "--kv-heads") o.kv_heads = std::stoi(value());
-    else if (a == "--head") o.head = std::stoi(value());
-    else if (a == "--block") o.block = std::stoi(value());
-    else if (a == "--threads") o.threads = std::stoi(value());
-    else if (a == "--reps") o.reps = std::stoi(value());
-    else if (a == "--flush-mib") o.flush_mib = std::stoi(value());
+    else if (a == "--seqs") o.seqs = number();
+    else if (a == "--ctx") o.ctx = number();
+    else if (a == "--heads") o.heads = number();
+    else if (a == "--kv-heads") o.kv_heads = number();
+    else if (a == "--head") o.head = number();
+    else if (a == "--block") o.block = number();
+    else if (a == "--threads") o.threads = number();
+    else if (a == "--reps") o.reps = number();
+    else if (a == "--flush-mib") o.flush_mib = number();
     else if (a == "--cold") o.cold = true;
     else if (a == "--read") o.read = true;
     else usage(("unknown option " + a).c_str());
   }
   if (o.layout != "vllm" && o.layout != "nhd" && o.layout != "hnd") usage("--layout: vllm, nhd or hnd");
   if (o.dtype != "bfloat16" && o.dtype != "float32") usage("--dtype: bfloat16 or float32");
-  if (o.heads % o.kv_heads != 0 || o.threads < 1 || o.reps < 1) usage("bad sizes");
+  if (std::min({o.seqs, o.ctx, o.heads, o.kv_heads, o.head, o.block, o.threads, o.reps}) < 1 ||
+      o.heads % o.kv_heads != 0)
+    usage("sizes must be at least 1, --heads a multiple of --kv-heads");
+  if (o.layout == "vllm" && o.head % (o.dtype == "bfloat16" ? 8 : 4) != 0)
+    usage("vLLM's K layout: --head a multiple of 16 bytes");
   return o;
 }
 
