@@ -28,6 +28,7 @@
 
 #include "core/kv_layout.h"
 #include "cpu/attention_kernel.h"
+#include "cpu/kernel_common.h"
 #include "cpu/work_items.h"
 
 using namespace paged_attn;
@@ -196,29 +197,26 @@ int main(int argc, char** argv) {
         var->run(p, in, tasks[i], i + 1 < end ? &tasks[i + 1] : nullptr, scratch[t].data());
       return;
     }
-    uint64_t sum = 0;  // one 8-byte word per cache line of every token's K and V row
+    uint64_t sum = 0;  // one 8-byte word per cache line of each slice's runs (kernel_common.h)
+    const SliceBytes k_mem = slice_bytes(p.kv_form, p.k_layout, D, bs, esize);
+    const SliceBytes v_mem = slice_bytes(p.kv_form, p.v_layout, D, bs, esize);
+    const auto read_slice = [&](const char* base, const SliceBytes& m) {
+      for (int64_t r = 0; r < m.runs; ++r)
+        for (int64_t l = 0; l < m.run_bytes; l += 64) {
+          uint64_t w;
+          std::memcpy(&w, base + r * m.run_stride + l, 8);
+          sum += w;
+        }
+    };
     for (size_t i = begin; i < end; ++i) {
       const PartitionTask& task = tasks[i];
       const int t0 = task.partition * kPartitionSize, t1 = std::min(o.ctx, t0 + kPartitionSize);
       for (int b = t0 / bs; b * bs < t1; ++b)
-        for (int h = task.kv_head; h < task.kv_head + task.kv_heads; ++h)
-          for (const char* cache : {K.data, V.data}) {
-            const int64_t slice = p.k_layout.slice(tables[int64_t{task.seq} * blocks_per_seq + b], h);
-            if (p.kv_form == KvForm::kVllm || p.k_layout.token_stride == D) {  // one run of bs * D
-              for (int64_t l = 0; l < int64_t{bs} * D * esize; l += 64) {
-                uint64_t w;
-                std::memcpy(&w, cache + slice * esize + l, 8);
-                sum += w;
-              }
-            } else {  // a run of D elements per token
-              for (int tok = 0; tok < bs; ++tok)
-                for (int64_t l = 0; l < int64_t{D} * esize; l += 64) {
-                  uint64_t w;
-                  std::memcpy(&w, cache + (slice + p.k_layout.in_slice(tok, 0)) * esize + l, 8);
-                  sum += w;
-                }
-            }
-          }
+        for (int h = task.kv_head; h < task.kv_head + task.kv_heads; ++h) {
+          const int32_t block = tables[int64_t{task.seq} * blocks_per_seq + b];
+          read_slice(K.data + p.k_layout.slice(block, h) * esize, k_mem);
+          read_slice(V.data + p.v_layout.slice(block, h) * esize, v_mem);
+        }
     }
     sums[t] = sum;
   };

@@ -57,12 +57,14 @@ if [ -z "$CASES" ]; then
   "$PY" tests/support/cross_cases.py "$CASES" || { echo "cross_test: writing cases FAILED"; exit 1; }
 fi
 
-# bench_smoke: scripts/bench/kernel_bench.cpp linked with the host build's kernel objects, run
-# once per layout on a small shape (the tool stays in step with the kernel's interfaces).
+# bench_smoke CXX FLAGS...: scripts/bench/kernel_bench.cpp linked with the host build's kernel
+# objects, run once per layout on a small shape (the tool stays in step with the kernel's
+# interfaces).
 bench_smoke() {
-  local dir="$BUILD/host" out
-  g++ -O2 -std=c++20 -pthread -I csrc -c scripts/bench/kernel_bench.cpp -o "$dir/kernel_bench.o.tool" &&
-    g++ -pthread $(ls "$dir"/*.o | grep -v /driver.o) "$dir/kernel_bench.o.tool" -o "$dir/kernel_bench" ||
+  local dir="$BUILD/host" out cxx=$1
+  shift
+  "$cxx" "$@" -pthread -c scripts/bench/kernel_bench.cpp -o "$dir/kernel_bench.o.tool" &&
+    "$cxx" -pthread $(ls "$dir"/*.o | grep -v /driver.o) "$dir/kernel_bench.o.tool" -o "$dir/kernel_bench" ||
     { echo "cross_test: kernel_bench build FAILED"; return 1; }
   for layout in vllm nhd hnd; do
     for mode in "" --read; do
@@ -74,7 +76,8 @@ bench_smoke() {
 }
 
 if [[ " $TARGETS " == *" host "* ]]; then
-  build host g++ -O2 -std=c++20 -I csrc && run host && bench_smoke || status=1
+  HOST="g++ -O2 -std=c++20 -I csrc"
+  build host $HOST && run host && bench_smoke $HOST || status=1
 fi
 
 if [[ " $TARGETS " == *" arm "* ]]; then
