@@ -184,8 +184,17 @@ struct Isa : EightVecTiles {  // 16 ymm: 8 Vec
     } else if constexpr (std::is_same_v<Cache, F16>) {
       return half8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     } else if constexpr (std::is_base_of_v<BF16, Cache>) {  // bf16 bits are fp32's top half
-      const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-      return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+      // The 16 bytes in both 128-bit lanes (a broadcast load: no ALU operation), then one byte
+      // shuffle moves elements 0-3 / 4-7 into the top halves of lanes 0-3 / 4-7 and zeroes the
+      // rest: one shuffle per 8 elements, where a zero-extending load and a shift took two (the
+      // shift on the FMA ports of Intel cores). Measured on an AVX-512 Xeon with avx2-fma
+      // forced: 4-10% less time per token in L2 (docs/CPU_KERNEL.md).
+      const __m256i both = _mm256_broadcastsi128_si256(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+      const __m256i to_top_half = _mm256_setr_epi8(  // -1: a zero byte
+          -1, -1, 0, 1, -1, -1, 2, 3, -1, -1, 4, 5, -1, -1, 6, 7,
+          -1, -1, 8, 9, -1, -1, 10, 11, -1, -1, 12, 13, -1, -1, 14, 15);
+      return _mm256_castsi256_ps(_mm256_shuffle_epi8(both, to_top_half));
     } else if constexpr (std::is_same_v<Cache, E5M2>) {  // an e5m2 byte is an fp16's top byte
       const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
       return half8(_mm_slli_epi16(_mm_cvtepu8_epi16(bytes), 8));
