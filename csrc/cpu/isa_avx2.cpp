@@ -244,7 +244,11 @@ struct Isa : EightVecTiles {  // 16 ymm: 8 Vec
       const __m256 v = _mm256_broadcast_ps(reinterpret_cast<const __m128*>(q));
       return {v, v};
     } else if constexpr (X == 8) {
-      const __m256 v = _mm256_loadu_ps(q);
+      // One load into a register for both halves: left alone, the compilers fold the load into
+      // each half's FMAs, two loads of the same row per head (measured with avx2-fma forced on
+      // the AMX Xeon: 2-9% less time per token in L2 and 3-5% from DRAM with the register).
+      __m256 v = _mm256_loadu_ps(q);
+      asm("" : "+x"(v));  // an opaque value: the load can no longer be folded
       return {v, v};
     } else {
       return loadu(q);
