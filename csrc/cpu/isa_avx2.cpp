@@ -187,8 +187,7 @@ struct Isa : EightVecTiles {  // 16 ymm: 8 Vec
       // The 16 bytes in both 128-bit lanes (a broadcast load: no ALU operation), then one byte
       // shuffle moves elements 0-3 / 4-7 into the top halves of lanes 0-3 / 4-7 and zeroes the
       // rest: one shuffle per 8 elements, where a zero-extending load and a shift took two (the
-      // shift on the FMA ports of Intel cores). Measured on an AVX-512 Xeon with avx2-fma
-      // forced: 4-10% less time per token in L2 (docs/CPU_KERNEL.md).
+      // shift on the FMA ports of Intel cores; measured: docs/CPU_KERNEL.md).
       const __m256i both = _mm256_broadcastsi128_si256(
           _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
       const __m256i to_top_half = _mm256_setr_epi8(  // -1: a zero byte
@@ -245,8 +244,7 @@ struct Isa : EightVecTiles {  // 16 ymm: 8 Vec
       return {v, v};
     } else if constexpr (X == 8) {
       // One load into a register for both halves: left alone, the compilers fold the load into
-      // each half's FMAs, two loads of the same row per head (measured with avx2-fma forced on
-      // the AMX Xeon: 2-9% less time per token in L2 and 3-5% from DRAM with the register).
+      // each half's FMAs, two loads of the same row per head (measured: docs/CPU_KERNEL.md).
       __m256 v = _mm256_loadu_ps(q);
       asm("" : "+x"(v));  // an opaque value: the load can no longer be folded
       return {v, v};

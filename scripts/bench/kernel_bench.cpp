@@ -90,7 +90,7 @@ Options parse(int argc, char** argv) {
 }
 
 // Page-aligned, as torch's CPU allocator aligns tensors (a tile row straddling two cache lines
-// is ~3x slower to load: docs/CPU_KERNEL.md).
+// is much slower to load: docs/CPU_KERNEL.md).
 struct Buffer {
   explicit Buffer(size_t bytes) : size(bytes), data(static_cast<char*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096))) {}
   ~Buffer() { std::free(data); }
@@ -98,15 +98,20 @@ struct Buffer {
   char* data;
 };
 
-// A random value of N(0, 1) as the cache element (bf16: the float's top half).
+// The top half of a float's bits: its bf16 value, rounded toward zero.
+uint16_t bf16_top(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+// A random value of N(0, 1) as the cache element.
 void fill(Buffer& b, bool bf16, std::mt19937& rng) {
   std::normal_distribution<float> normal;
   for (size_t i = 0; i < b.size / (bf16 ? 2 : 4); ++i) {
     const float x = normal(rng);
     if (bf16) {
-      uint32_t bits;
-      std::memcpy(&bits, &x, 4);
-      const uint16_t top = static_cast<uint16_t>(bits >> 16);
+      const uint16_t top = bf16_top(x);
       std::memcpy(b.data + 2 * i, &top, 2);
     } else {
       std::memcpy(b.data + 4 * i, &x, 4);
@@ -134,11 +139,11 @@ int main(int argc, char** argv) {
   fill(V, bf16, rng);
   std::vector<float> query(int64_t{o.seqs} * o.heads * D);
   for (float& x : query) {  // bf16-exact, as the launcher's copy of a bf16 query
-    uint32_t bits;
     x = std::normal_distribution<float>()(rng);
-    std::memcpy(&bits, &x, 4);
-    if (bf16) bits &= 0xFFFF0000u;
-    std::memcpy(&x, &bits, 4);
+    if (bf16) {
+      const uint32_t bits = uint32_t{bf16_top(x)} << 16;
+      std::memcpy(&x, &bits, 4);
+    }
   }
   std::vector<int32_t> tables(num_blocks), lens(o.seqs, o.ctx);
   for (int64_t i = 0; i < num_blocks; ++i) tables[i] = static_cast<int32_t>(i);
