@@ -913,10 +913,12 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
     // nh > 1: the item's V (all its heads, a run per token) streams in during the first head's
     // PV, not during QK, so that K and V do not wait in L2 together (work_items.h): the first
     // kVAhead blocks during the QK of the last kAhead, the others a share per step of that PV,
-    // twice as fast as it reads them so that the stream stays ahead.
-    // vLLM's layout on matrix tiles (one KV head an item) does the same: its PV (tiles of 16
-    // dims, a block's 16 tokens deep) outlasts token-major's, and V then streams in while PV
-    // runs instead of beside K (token-major's shorter PV gained nothing from it).
+    // twice as fast as it reads them so that the stream stays ahead. Not on matrix tiles: their
+    // first head's PV is short, so the stream came as a burst that held up PV's own loads, and
+    // the hardware prefetchers follow the whole token rows alone (docs/CPU_KERNEL.md).
+    // vLLM's layout on matrix tiles (one KV head an item) streams its V during PV too: its PV
+    // (tiles of 16 dims, a block's 16 tokens deep) outlasts token-major's, and V then streams in
+    // while PV runs instead of beside K (token-major's shorter PV gained nothing from it).
     // Matrix tiles, one KV head an item, either form: the PV stream (after the V, if any) takes
     // the first kAhead K blocks of the next item, which that item does not prefetch again
     // (k_prefetched): its QK starts on K in L2 (token-major 3-4.5% faster from DRAM, measured).
@@ -938,7 +940,8 @@ void run_partition(const PagedAttentionParams& p, const KernelInputs& in, Partit
         v_ahead[1] >= 1.0f && v_ahead[1] <= kAhead ? static_cast<int>(v_ahead[1]) : 0;
     v_ahead[0] = nv > 0 ? 1.0f : 0.0f;
     v_ahead[1] = 0.0f;
-    const int v_stream = (nh > 1 || kVDuringPv) ? std::max(0, nspans - kVAhead) : 0;
+    const int v_stream =
+        ((nh > 1 && !kTiles) || kVDuringPv) ? std::max(0, nspans - kVAhead) : 0;
     const int next_k = kTiles && nh == 1 && next != nullptr && next->kv_heads == 1 &&
                                !blocksparse_active(p.blocksparse)
                            ? std::min(kAhead, partition_spans(p, *next, s.bs, next_spans))

@@ -8,9 +8,10 @@
 // block_size runs of one head's dims, a row-length apart, and items of one head each read a
 // strip of every token row: the memory sees short strided runs, the hardware prefetchers none
 // of the stream. An item of kv_heads adjacent heads reads the heads' dims of a token as one run
-// (a whole block when all heads: HND's contiguous slices, by other means). Its V streams in
-// during the first head's PV and waits in L2 for the others' (partition_kernel.h): at most half
-// the L2 of partition V per item (kv_heads_per_item).
+// (a whole block when all heads: HND's contiguous slices, by other means). Its V comes into L2
+// during the first head's PV (a software stream, or amx: the hardware prefetchers) and waits
+// there for the others' (partition_kernel.h): at most half the L2 of partition V per item
+// (kv_heads_per_item).
 #pragma once
 
 #include <cstdint>
