@@ -76,8 +76,9 @@
 // Items of several KV heads (work_items.h: NHD, the heads of a token adjacent): QK block by
 // block over all of them (each head's slice a head_stride further), its prefetch of a block's
 // rows of all the heads shared out by tokens over their QK calls; their V is not prefetched
-// during QK but streams in during the first head's PV (the others then read it from L2), so that
-// K and V never wait in L2 together; softmax and PV head by head.
+// during QK but streams in during the first head's PV (the others then read it from L2; matrix
+// tiles leave that stream to the hardware prefetchers), so that K and V never wait in L2
+// together; softmax and PV head by head.
 #ifndef PA_ISA
 #error "partition_kernel.h is included by an ISA file that defines PA_ISA and its struct Isa"
 #endif
