@@ -180,14 +180,24 @@ inline void pack_query_token_major(const float* q, int G, int D, uint32_t* qt) {
 // qa + (ti * chunks + ch) * 4 gm kr; rows of heads past G are zero.
 inline void pack_query_vllm(const float* q, int G, int D, int gm, int kr, uint32_t* qa) {
   const int rows = D / 8, chunks = rows / kr, tiles = (G + gm - 1) / gm;
-  std::memset(qa, 0, sizeof(uint32_t) * tiles * chunks * 4 * gm * kr);
+  if (G % gm != 0)  // the last tile's rows of heads past G
+    std::memset(qa, 0, sizeof(uint32_t) * tiles * chunks * 4 * gm * kr);
+  alignas(64) uint32_t pairs[128];  // pair k: (q[h][2 k], q[h][2 k + 1]) as bf16 bits, k < D / 2
+  const __m512i every4th = _mm512_mullo_epi32(  // lane c: pair 4 c (+ j: dims 8 c + 2 j, + 1)
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(4));
   for (int h = 0; h < G; ++h) {
     const int ti = h / gm, g = h % gm;
-    for (int c = 0; c < rows; ++c)
-      for (int j = 0; j < 4; ++j) {
-        const float* x = q + h * D + 8 * c + 2 * j;
-        qa[((ti * chunks + c / kr) * 4 * gm + 4 * g + j) * kr + c % kr] =
-            bf16_bits(x) | (bf16_bits(x + 1) << 16);
+    for (int d0 = 0; d0 < D; d0 += 32)  // D: a multiple of 16 (exact: bf16 values)
+      _mm512_store_si512(pairs + d0 / 2,
+                         (__m512i)_mm512_cvtne2ps_pbh(
+                             _mm512_maskz_loadu_ps(lane_mask(0, D - d0 - 16), q + h * D + d0 + 16),
+                             _mm512_loadu_ps(q + h * D + d0)));
+    for (int j = 0; j < 4; ++j)
+      for (int c0 = 0; c0 < rows; c0 += kr) {  // chunk c0 / kr: K rows c0 .. c0 + kr - 1
+        const __m512i idx = _mm512_add_epi32(every4th, _mm512_set1_epi32(4 * c0 + j));
+        const __mmask16 m = static_cast<__mmask16>((1u << kr) - 1u);
+        _mm512_mask_storeu_epi32(qa + ((ti * chunks + c0 / kr) * 4 * gm + 4 * g + j) * kr, m,
+                                 _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx, pairs, 4));
       }
   }
 }
