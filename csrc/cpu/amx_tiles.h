@@ -150,13 +150,6 @@ inline __m512i column_index(int g) {
       _mm512_set1_epi32(g));
 }
 
-// bf16 bits of the fp32 copy of a bf16 query element (exact: its top half).
-inline uint32_t bf16_bits(const float* x) {
-  uint32_t bits;
-  std::memcpy(&bits, x, sizeof(bits));
-  return bits >> 16;
-}
-
 // ---- QK ----
 
 // qt[pair][h] = (q[h][2 pair], q[h][2 pair + 1]) as bf16 bits for pairs < round32(D) / 2 (zero
