@@ -176,8 +176,9 @@ inline void pack_query_vllm(const float* q, int G, int D, int gm, int kr, uint32
   if (G % gm != 0)  // the last tile's rows of heads past G
     std::memset(qa, 0, sizeof(uint32_t) * tiles * chunks * 4 * gm * kr);
   alignas(64) uint32_t pairs[128];  // pair k: (q[h][2 k], q[h][2 k + 1]) as bf16 bits, k < D / 2
-  const __m512i every4th = _mm512_mullo_epi32(  // lane c: pair 4 c (+ j: dims 8 c + 2 j, + 1)
-      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(4));
+  const __m512i every4th =  // lane c: pair 4 c (+ j: dims 8 c + 2 j, + 1)
+      _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60);
+  const __mmask16 chunk_rows = static_cast<__mmask16>((1u << kr) - 1u);  // kr <= 16
   for (int h = 0; h < G; ++h) {
     const int ti = h / gm, g = h % gm;
     for (int d0 = 0; d0 < D; d0 += 32)  // D: a multiple of 16 (exact: bf16 values)
@@ -188,9 +189,9 @@ inline void pack_query_vllm(const float* q, int G, int D, int gm, int kr, uint32
     for (int j = 0; j < 4; ++j)
       for (int c0 = 0; c0 < rows; c0 += kr) {  // chunk c0 / kr: K rows c0 .. c0 + kr - 1
         const __m512i idx = _mm512_add_epi32(every4th, _mm512_set1_epi32(4 * c0 + j));
-        const __mmask16 m = static_cast<__mmask16>((1u << kr) - 1u);
-        _mm512_mask_storeu_epi32(qa + ((ti * chunks + c0 / kr) * 4 * gm + 4 * g + j) * kr, m,
-                                 _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx, pairs, 4));
+        _mm512_mask_storeu_epi32(
+            qa + ((ti * chunks + c0 / kr) * 4 * gm + 4 * g + j) * kr, chunk_rows,
+            _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), chunk_rows, idx, pairs, 4));
       }
   }
 }
