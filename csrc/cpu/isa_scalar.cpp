@@ -18,6 +18,7 @@ struct Isa {
   using Mask = LaneRange;
 
   static constexpr int kQkHeads = 4, kRowPvHeads = 4, kTokenPvHeads = 4, kE4m3RowPvHeads = 4;
+  static constexpr bool kTokenPvSixes = false;
   static constexpr int kTokenMajorX = 8;  // as the 8-register layers (the same code path)
   static constexpr int qk_vecs(int gt) { return gt <= 2 ? 2 : 1; }
   static constexpr int pv_rows(int /*gt*/, bool /*wide*/) { return 4; }

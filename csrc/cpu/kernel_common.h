@@ -99,6 +99,7 @@ inline void prefetch_l1(const void* p) {
 // of 16, and the token sums need one fold less.
 struct EightVecTiles {
   static constexpr int kQkHeads = 4, kRowPvHeads = 3, kTokenPvHeads = 3, kE4m3RowPvHeads = 3;
+  static constexpr bool kTokenPvSixes = false;
   static constexpr int kTokenMajorX = 8;
   static constexpr int qk_vecs(int gt) { return gt == 1 ? 4 : gt == 2 ? 2 : 1; }
   static constexpr int pv_rows(int gt, bool /*wide*/) { return gt == 1 ? 4 : 2; }

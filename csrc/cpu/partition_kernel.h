@@ -27,6 +27,8 @@
 //   fold16 fold8 sum_x4      token sums of QK accumulators in "x form" (below)
 //   kQkHeads kRowPvHeads kTokenPvHeads   most query heads in one register tile of QK / PV
 //                      (vLLM's layout) / PV (token-major)
+//   kTokenPvSixes      token-major PV in tiles of six heads while six or more remain
+//                      (token_pv_tile_heads), not only for G = 6
 //   kE4m3RowPvHeads    kRowPvHeads for an e4m3 cache (its V rows cost the most to decode: a
 //                      tile of more heads decodes each row once for more of them)
 //   kRowProbsInRegisters kTokenProbsInRegisters   PV (vLLM's layout / token-major) keeps a

@@ -132,6 +132,15 @@ constexpr int token_pv_vecs(int gt, int nvec) {
   return nvec % wide == 0 || nvec % narrow != 0 ? wide : narrow;
 }
 
+// Heads of the token-major PV tile that starts at head `done` of G: tile_heads, or with the
+// layer's kTokenPvSixes tiles of six while six or more remain (4 + 3 for the last seven, not
+// 6 + 1): G = 8 is 6 + 2, 12 is 6 + 6.
+inline int token_pv_tile_heads(int G, int done) {
+  const int remaining = G - done;
+  if (Isa::kTokenPvSixes && remaining >= 6 && remaining != 7) return 6;
+  return tile_heads(G, done, Isa::kTokenPvHeads);
+}
+
 // Passes of a token-major PV head tile of gt heads over a row of nvec vectors.
 constexpr int token_pv_passes(int gt, int nvec) {
   return (nvec + token_pv_vecs(gt, nvec) - 1) / token_pv_vecs(gt, nvec);
@@ -141,7 +150,7 @@ constexpr int token_pv_passes(int gt, int nvec) {
 inline int token_pv_steps(const Span* spans, int nspans, int G, int D) {
   int passes = 0;
   for (int g0 = 0; g0 < G;) {
-    const int gt = tile_heads(G, g0, Isa::kTokenPvHeads);
+    const int gt = token_pv_tile_heads(G, g0);
     passes += token_pv_passes(gt, (D + 15) / 16);
     g0 += gt;
   }
@@ -261,7 +270,7 @@ void pv_token_major(const typename Cache::storage* V, const Span* spans, int nsp
                     int64_t out_stride, PrefetchStream& pf) {
   for (int i = 0; i < nspans; ++i) {
     for (int g0 = 0; g0 < G;) {
-      const int gt = tile_heads(G, g0, Isa::kTokenPvHeads);
+      const int gt = token_pv_tile_heads(G, g0);
       const float* pg = probs + static_cast<int64_t>(g0) * s.L;
       float* og = out + g0 * out_stride;
       const bool pf_next = g0 == 0;
