@@ -1,5 +1,6 @@
-"""Property-based tests: hypothesis draws shapes and contents within the contract and every
-backend must agree with the oracle.
+"""Property-based tests: hypothesis draws shapes and contents within the contract (vLLM's
+layout for v1 / v2 / reshape_and_cache, every NHD / HND form for decode) and every backend must
+agree with the oracle.
 
 Example counts: the "ci" profile (default) runs a bounded number per test, derandomized so that
 a CI run is reproducible; the "deep" profile draws fresh random examples, many more:
@@ -69,6 +70,27 @@ def test_v2_matches_oracle(backend, case, extra_partitions):
 def test_v1_matches_oracle(backend, case):
     inputs = testing.make_attention_inputs(**case)
     conformance.require(conformance.v1(backends.backend(backend).ops, inputs))
+
+
+@st.composite
+def decode_cases(draw):
+    """attention_cases over NHD / HND caches (testing.DECODE_LAYOUTS: plain, transposed,
+    combined K/V, mixed and padded strides), with the GQA groups and KV-head counts the
+    token-major kernels tile differently (head tiles of up to 6 / 8 / 16 heads, several KV heads
+    an item) and head sizes that leave a partial last 32-dim chunk."""
+    case = draw(attention_cases())
+    num_kv_heads = draw(st.integers(1, 6))
+    case.update(num_kv_heads=num_kv_heads,
+                num_heads=num_kv_heads * draw(st.sampled_from([1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 16])),
+                layout=draw(st.sampled_from(testing.DECODE_LAYOUTS)))
+    return case
+
+
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
+@given(case=decode_cases(), against_v1=st.booleans())
+def test_decode_matches_oracle(backend, case, against_v1):
+    inputs = testing.make_decode_inputs(**case)
+    conformance.require(*conformance.decode(backends.backend(backend).ops, inputs, against_v1))
 
 
 @pytest.mark.parametrize("backend", BACKEND_NAMES)
