@@ -1,6 +1,8 @@
 """Property-based tests: hypothesis draws shapes and contents within the contract (vLLM's
-layout for v1 / v2 / reshape_and_cache, every NHD / HND form for decode) and every backend must
-agree with the oracle.
+layout for v1 / v2 / reshape_and_cache, every NHD / HND form for decode) and every CPU backend
+must agree with the oracle: each compiled CPU kernel variant this machine executes (forced and
+checked, the `backend` fixture of conftest.py) and the fallback. The CUDA kernels take only their
+compiled head sizes and aligned caches (test_conformance.py runs them).
 
 Example counts: the "ci" profile (default) runs a bounded number per test, derandomized so that
 a CI run is reproducible; the "deep" profile draws fresh random examples, many more:
@@ -15,20 +17,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from paged_attention_ext.core import cache_kind, cache_storage_dtype, key_chunk_elements
-from paged_attention_ext.tools import backends, conformance, testing
+from paged_attention_ext.tools import conformance, testing
 
+# function_scoped_fixture: the `backend` fixture only chooses the backend, the same for every
+# example of a test.
+_HEALTH = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 settings.register_profile("ci", max_examples=20, deadline=None, derandomize=True,
-                          suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("deep", max_examples=400, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow])
+                          suppress_health_check=_HEALTH)
+settings.register_profile("deep", max_examples=400, deadline=None, suppress_health_check=_HEALTH)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # Lengths around block and partition edges, plus anything up to three partitions.
 EDGE_LENGTHS = [0, 1, 2, 15, 16, 17, 511, 512, 513, 1023, 1024, 1025]
-# The CPU backends by name (tools.backends): the compiled CPU kernel and the fallback called
-# directly when _C is loaded, else the fallback through torch.ops.
-BACKEND_NAMES = backends.backend_names("cpu")
+pytestmark = pytest.mark.backends(cuda=False)
 
 
 @st.composite
@@ -57,19 +59,17 @@ def _partitions_with_extra(inputs, extra):
     return max(1, max(map(testing.num_partitions, inputs.seq_lens_list))) + extra
 
 
-@pytest.mark.parametrize("backend", BACKEND_NAMES)
 @given(case=attention_cases(), extra_partitions=st.integers(0, 2))
 def test_v2_matches_oracle(backend, case, extra_partitions):
     inputs = testing.make_attention_inputs(**case)
-    conformance.require(conformance.v2(backends.backend(backend).ops, inputs,
+    conformance.require(conformance.v2(backend.ops, inputs,
                                        _partitions_with_extra(inputs, extra_partitions))[0])
 
 
-@pytest.mark.parametrize("backend", BACKEND_NAMES)
 @given(case=attention_cases())
 def test_v1_matches_oracle(backend, case):
     inputs = testing.make_attention_inputs(**case)
-    conformance.require(conformance.v1(backends.backend(backend).ops, inputs))
+    conformance.require(conformance.v1(backend.ops, inputs))
 
 
 @st.composite
@@ -86,14 +86,13 @@ def decode_cases(draw):
     return case
 
 
-@pytest.mark.parametrize("backend", BACKEND_NAMES)
 @given(case=decode_cases(), against_v1=st.booleans())
 def test_decode_matches_oracle(backend, case, against_v1):
     inputs = testing.make_decode_inputs(**case)
-    conformance.require(*conformance.decode(backends.backend(backend).ops, inputs, against_v1))
+    conformance.require(*conformance.decode(backend.ops, inputs, against_v1))
 
 
-@pytest.mark.parametrize("backend", BACKEND_NAMES)
+@pytest.mark.backends(cpu_variants=False, cuda=False)  # one CPU cache writer
 @given(data=st.data())
 def test_reshape_and_cache_matches_oracle(backend, data):
     dtype = data.draw(st.sampled_from(sorted(DTYPES)).map(DTYPES.get))
@@ -114,5 +113,5 @@ def test_reshape_and_cache_matches_oracle(backend, data):
     key, value = fused[:, 0], fused[:, 2]
     slot_mapping = torch.tensor(slots, dtype=torch.int64)
     conformance.require(conformance.cache_write(  # bit-exact, NaN poison included
-        backends.backend(backend).ops, "reshape_and_cache", key, value, inputs.key_cache,
+        backend.ops, "reshape_and_cache", key, value, inputs.key_cache,
         inputs.value_cache, slot_mapping, kv_cache_dtype, inputs.k_scale, inputs.v_scale))

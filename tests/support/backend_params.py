@@ -92,18 +92,19 @@ class Backend:
             torch.cuda.synchronize()
 
 
-def params(cpu_variants=True, chunkings=False, slow_off_gpu=False):
+def params(cpu_variants=True, chunkings=False, slow_off_gpu=False, cuda=True):
     """pytest params (ids: Param.name) of every backend of this build: each CPU variant (or the
     one CPU cache writer), the fallback (under every chunking when `chunkings`), each CUDA
     kernel (or the CUDA cache writer), the CUDA ones marked `cuda`. slow_off_gpu: the CPU and
-    fallback params marked slow (long rows or a broad grid: quick on a GPU, seconds on a CPU)."""
+    fallback params marked slow (long rows or a broad grid: quick on a GPU, seconds on a CPU).
+    cuda=False: no CUDA params (tests whose inputs the CUDA kernels' limits would skip)."""
     cpu_slow = [pytest.mark.slow] if slow_off_gpu else []
     if cpu_variants:
         cpu = [Param("cpu", name) for name, _, _ in CPU_VARIANTS] or [Param("cpu", "none")]
     else:
         cpu = [Param("cpu")]
     fallback = [Param("fallback", c) for c in (CHUNKINGS if chunkings else ["default"])]
-    cuda = [Param("cuda", k) for k in CUDA_KERNELS] if cpu_variants else [Param("cuda")]
+    cuda = ([Param("cuda", k) for k in CUDA_KERNELS] if cpu_variants else [Param("cuda")]) if cuda else []
     return ([pytest.param(p, id=p.name, marks=cpu_slow) for p in cpu + fallback]
             + [pytest.param(p, id=p.name, marks=[pytest.mark.cuda]) for p in cuda])
 
