@@ -167,7 +167,7 @@ def test_head_tiles_and_head_sizes_match_oracle(backend, case):
     check_v1_v2(backend, case.inputs(backend.device))
 
 
-# bf16 shapes for the CPU kernel's matrix tiles (the amx variant: csrc/cpu/amx_tiles.h; G 1 runs
+# bf16 shapes for the CPU kernel's matrix tiles (the amx variant: csrc/cpu/amx_*.h; G 1 runs
 # avx512's code there): head tiles of every size and more than one (G 3 .. 20), head sizes with a
 # tail of the 32-dim chunks (80, 112, 40), two K chunks and two PV passes (256), blocks of 1 .. 8
 # 16-token groups, partitions that start and end inside a chunk; on vLLM's layout (v1 / v2) and
