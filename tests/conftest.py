@@ -23,8 +23,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: not in the default test command (scripts/test.sh): "
                             "long runs and the builds of separate programs; --all runs them too")
     config.addinivalue_line("markers", "backends(cpu_variants=True, chunkings=False, "
-                            "slow_off_gpu=False, cuda=True): which params the `backend` fixture gives the "
-                            "test (tests/support/backend_params.py params())")
+                            "slow_off_gpu=False, cuda=True): which params the `backend` fixture "
+                            "gives the test (tests/support/backend_params.py params())")
 
 
 def pytest_generate_tests(metafunc):

@@ -104,9 +104,9 @@ def params(cpu_variants=True, chunkings=False, slow_off_gpu=False, cuda=True):
     else:
         cpu = [Param("cpu")]
     fallback = [Param("fallback", c) for c in (CHUNKINGS if chunkings else ["default"])]
-    cuda = ([Param("cuda", k) for k in CUDA_KERNELS] if cpu_variants else [Param("cuda")]) if cuda else []
+    gpu = [Param("cuda", k) for k in CUDA_KERNELS] if cpu_variants else [Param("cuda")]
     return ([pytest.param(p, id=p.name, marks=cpu_slow) for p in cpu + fallback]
-            + [pytest.param(p, id=p.name, marks=[pytest.mark.cuda]) for p in cuda])
+            + [pytest.param(p, id=p.name, marks=[pytest.mark.cuda]) for p in gpu if cuda])
 
 
 @contextlib.contextmanager
