@@ -1,7 +1,7 @@
 // amx_tile_ops.h — what every AMX tile loop of the "amx" variant shares: the tile configuration
 // (ldtilecfg), the tile instructions by tile number, how many heads a head tile takes, and the
-// layout of a work item's tile scratch. Included by amx_tiles.h only (isa_amx.cpp's AMX target
-// region, after avx512_layer.h).
+// layout of a work item's tile scratch. Included by the amx_*.h headers only (in isa_amx.cpp's
+// AMX target region, after avx512_layer.h).
 #pragma once
 
 namespace paged_attn {
